@@ -1,0 +1,64 @@
+# proxyplane: `make demo` runs it, `make test` proves it.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+BIN := $(CURDIR)/.bin
+export PATH := $(BIN):$(PATH)
+# Tools are pinned in tools/go.mod (its own module, so their dependencies
+# stay out of ours) and built into .bin/ from the Go build cache.
+TOOLS := github.com/bufbuild/buf/cmd/buf \
+	google.golang.org/protobuf/cmd/protoc-gen-go \
+	google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+	github.com/fullstorydev/grpcurl/cmd/grpcurl \
+	github.com/golangci/golangci-lint/v2/cmd/golangci-lint \
+	golang.org/x/perf/cmd/benchstat
+GO_PACKAGES := ./...
+BENCH_COUNT ?= 6
+
+.PHONY: all tools generate check-generated buf-lint buf-breaking lint vet test unit bench build demo clean
+
+all: build
+
+tools:
+	go -C tools build -o $(BIN)/ $(TOOLS)
+
+build:
+	go build -o $(BIN)/ ./controlplane
+
+generate: tools
+	rm -rf gen
+	buf generate
+
+# check-generated regenerates into a scratch copy and fails on any
+# difference, so a stale gen/ never passes.
+check-generated: tools
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	buf generate -o $$tmp; \
+	diff -r gen $$tmp/gen || { echo "gen/ is stale: run 'make generate' and commit" >&2; exit 1; }
+
+buf-lint: tools
+	buf lint
+	buf format -d --exit-code
+
+# buf-breaking compares proto/ with main's last commit when there is one.
+buf-breaking: tools
+	@if git rev-parse --verify -q HEAD:proto >/dev/null; then \
+		buf breaking --against '.git#ref=HEAD,subdir=proto'; \
+	else echo "buf breaking: no committed proto/ to compare against"; fi
+
+vet:
+	go vet $(GO_PACKAGES)
+
+lint: tools
+	golangci-lint run $(GO_PACKAGES)
+
+unit:
+	go test -race -count=1 $(GO_PACKAGES)
+
+test: check-generated buf-lint buf-breaking vet lint unit
+
+bench: tools
+	./hack/bench.sh $(BENCH_COUNT)
+
+clean:
+	rm -rf $(BIN)

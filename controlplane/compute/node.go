@@ -1,0 +1,67 @@
+package compute
+
+import (
+	"net/netip"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// Node is what a table needs to know about its node. It is immutable.
+type Node struct {
+	// Name is the Node's name.
+	Name string
+	// Zone is the node's topology.kubernetes.io/zone label.
+	Zone string
+	// Hash is the content hash of the NodeInfo, part of the table version.
+	Hash uint64
+	// Bytes is the encoded NodeInfo, hash included.
+	Bytes []byte
+}
+
+// BuildNode describes the node called name. obj is its Node object, or nil
+// when none exists: an agent may connect before its Node is registered, and
+// gets a table without topology, as kube-proxy does without node labels.
+func BuildNode(name string, obj *corev1.Node) *Node {
+	info := &pb.NodeInfo{Name: name}
+	if obj != nil {
+		if zone := obj.Labels[corev1.LabelTopologyZone]; utf8.ValidString(zone) {
+			info.Zone = zone
+		}
+		cidrs := obj.Spec.PodCIDRs
+		if len(cidrs) == 0 && obj.Spec.PodCIDR != "" {
+			cidrs = []string{obj.Spec.PodCIDR}
+		}
+		for _, c := range cidrs {
+			// The API server validates podCIDRs; re-rendering a parsed
+			// prefix guards the encoding anyway, and drops garbage.
+			if p, err := netip.ParsePrefix(c); err == nil {
+				info.PodCidrs = append(info.PodCidrs, p.String())
+			}
+		}
+	}
+	info.Hash = xxhash.Sum64(mustMarshal(info))
+	return &Node{Name: name, Zone: info.Zone, Hash: info.Hash, Bytes: mustMarshal(info)}
+}
+
+// Equal reports whether two nodes carry the same information.
+func (n *Node) Equal(o *Node) bool {
+	return n == o || (n != nil && o != nil && n.Hash == o.Hash && n.Name == o.Name)
+}
+
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// mustMarshal encodes m deterministically. Marshalling a message built
+// here fails only on invalid UTF-8, which every string in it has been
+// checked against, so a failure is a bug.
+func mustMarshal(m proto.Message) []byte {
+	b, err := deterministic.Marshal(m)
+	if err != nil {
+		panic("compute: marshal " + string(m.ProtoReflect().Descriptor().FullName()) + ": " + err.Error())
+	}
+	return b
+}

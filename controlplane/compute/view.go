@@ -1,0 +1,274 @@
+package compute
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// Service is one proxied Service with every view that a node can have of
+// it. It is immutable once built, except for the memo of encoded parts,
+// which is safe for concurrent use.
+type Service struct {
+	// Key is "namespace/name".
+	Key string
+	// TriggerTime is the newest last-change-trigger-time of its slices.
+	TriggerTime time.Time
+
+	base  *pb.Service // every field but the endpoints; never mutated
+	ports []servicePort
+
+	// The names and zones that get their own view; see class.
+	hintedNodes, hintedZones, localNodes map[string]bool
+	uniform                              *Entry // set when every node sees the same entry
+
+	mu     sync.Mutex // guards the memos below
+	shared map[class]*Part
+	local  map[string]*Part
+}
+
+// Part is an encoded piece of a Service message and its hash. Parts are
+// shared by every node that sees them and must not be modified.
+type Part struct {
+	// Bytes is a protobuf encoding of a Service message (or of some of its
+	// fields); parts concatenate into a valid Service.
+	Bytes []byte
+	// Hash is xxHash64 of Bytes.
+	Hash uint64
+}
+
+var emptyPart = &Part{Hash: xxhash.Sum64(nil)}
+
+// Entry is one node's view of a Service.
+type Entry struct {
+	// Shared is the part common to the node's topology class.
+	Shared *Part
+	// Local is the node-specific part; empty for most nodes.
+	Local *Part
+	// Hash is the entry's content hash (ServiceEntry.hash).
+	Hash uint64
+}
+
+// Size is the encoded size of the Service message.
+func (e Entry) Size() int { return len(e.Shared.Bytes) + len(e.Local.Bytes) }
+
+// class identifies a shared view: the node's name when hints name it, its
+// zone when hints name that zone, else empty. Upstream's endpoint choice
+// treats all other names and zones alike, so the empty class stands for
+// every other node.
+type class struct{ node, zone string }
+
+// index finds which nodes and zones can see something different, and
+// precomputes the entry of Services that look the same from everywhere.
+func (s *Service) index() {
+	s.hintedNodes, s.hintedZones, s.localNodes = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	for i := range s.ports {
+		p := &s.ports[i]
+		for j := range p.endpoints {
+			e := &p.endpoints[j]
+			if p.usesCluster && p.allReadyHaveNodeHints {
+				for _, n := range e.nodeHints {
+					s.hintedNodes[n] = true
+				}
+			}
+			if p.usesCluster && p.allReadyHaveZoneHints {
+				for _, z := range e.zoneHints {
+					s.hintedZones[z] = true
+				}
+			}
+			if p.usesLocal && e.nodeName != "" && (e.ready || e.usableTerminating()) {
+				s.localNodes[e.nodeName] = true
+			}
+		}
+	}
+	s.shared, s.local = map[class]*Part{}, map[string]*Part{}
+	if len(s.hintedNodes)+len(s.hintedZones)+len(s.localNodes) == 0 {
+		e := s.entry(class{}, "")
+		s.uniform = &e
+	}
+}
+
+// Uniform reports whether every node sees the same entry.
+func (s *Service) Uniform() bool { return s.uniform != nil }
+
+// EntryFor returns n's view of s. Safe for concurrent use.
+func (s *Service) EntryFor(n *Node) Entry {
+	if s.uniform != nil {
+		return *s.uniform
+	}
+	c := class{}
+	if s.hintedNodes[n.Name] {
+		c.node = n.Name
+	}
+	if s.hintedZones[n.Zone] {
+		c.zone = n.Zone
+	}
+	local := ""
+	if s.localNodes[n.Name] {
+		local = n.Name
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.entry(c, local)
+}
+
+// entry assembles the entry of a class and local node; s.mu must be held
+// (or s not yet shared).
+func (s *Service) entry(c class, localNode string) Entry {
+	sh, ok := s.shared[c]
+	if !ok {
+		sh = newPart(s.sharedView(c))
+		s.shared[c] = sh
+	}
+	lo := emptyPart
+	if localNode != "" {
+		if lo, ok = s.local[localNode]; !ok {
+			lo = newPart(&pb.Service{LocalEndpoints: s.localEndpoints(localNode)})
+			s.local[localNode] = lo
+		}
+	}
+	return Entry{Shared: sh, Local: lo, Hash: entryHash(s.Key, sh.Hash, lo.Hash)}
+}
+
+func newPart(m proto.Message) *Part {
+	b := mustMarshal(m)
+	return &Part{Bytes: b, Hash: xxhash.Sum64(b)}
+}
+
+// sharedView is the Service with the Cluster-policy endpoints of class c,
+// chosen as upstream's CategorizeEndpoints does: ready endpoints available
+// for the node's topology, else serving-and-terminating ones (topology is
+// not applied to that fallback).
+func (s *Service) sharedView(c class) *pb.Service {
+	out := proto.CloneOf(s.base)
+	for i := range s.ports {
+		p := &s.ports[i]
+		if !p.usesCluster {
+			continue
+		}
+		mode := p.topologyMode(c)
+		eps := p.filter(func(e *endpoint) bool { return e.ready && mode.allows(e, c) })
+		if len(eps) == 0 {
+			eps = p.filter((*endpoint).usableTerminating)
+		}
+		if len(eps) > 0 {
+			out.ClusterEndpoints = append(out.ClusterEndpoints, &pb.PortEndpoints{PortName: p.name, Endpoints: eps})
+		}
+	}
+	return out
+}
+
+// localEndpoints are node's endpoints for the Local policy: ready ones,
+// else serving-and-terminating ones; topology never applies here.
+func (s *Service) localEndpoints(node string) []*pb.PortEndpoints {
+	var out []*pb.PortEndpoints
+	for i := range s.ports {
+		p := &s.ports[i]
+		if !p.usesLocal {
+			continue
+		}
+		eps := p.filter(func(e *endpoint) bool { return e.nodeName == node && e.ready })
+		if len(eps) == 0 {
+			eps = p.filter(func(e *endpoint) bool { return e.nodeName == node && e.usableTerminating() })
+		}
+		if len(eps) > 0 {
+			out = append(out, &pb.PortEndpoints{PortName: p.name, Endpoints: eps})
+		}
+	}
+	return out
+}
+
+func (p *servicePort) filter(keep func(*endpoint) bool) []*pb.Endpoint {
+	var out []*pb.Endpoint
+	for i := range p.endpoints {
+		if keep(&p.endpoints[i]) {
+			out = append(out, p.endpoints[i].proto())
+		}
+	}
+	return out
+}
+
+type topologyMode int
+
+const (
+	topologyNone topologyMode = iota
+	topologySameZone
+	topologySameNode
+)
+
+// topologyMode follows upstream's topologyModeFromHints: node hints win when
+// every ready endpoint has them and one names this node; else zone hints
+// under the same rule; else no topology.
+func (p *servicePort) topologyMode(c class) topologyMode {
+	hasFor := func(names func(*endpoint) []string, want string) bool {
+		for i := range p.endpoints {
+			if e := &p.endpoints[i]; e.ready && slices.Contains(names(e), want) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case p.allReadyHaveNodeHints && c.node != "" && hasFor(func(e *endpoint) []string { return e.nodeHints }, c.node):
+		return topologySameNode
+	case p.allReadyHaveZoneHints && c.zone != "" && hasFor(func(e *endpoint) []string { return e.zoneHints }, c.zone):
+		return topologySameZone
+	}
+	return topologyNone
+}
+
+func (m topologyMode) allows(e *endpoint, c class) bool {
+	switch m {
+	case topologySameNode:
+		return slices.Contains(e.nodeHints, c.node)
+	case topologySameZone:
+		return slices.Contains(e.zoneHints, c.zone)
+	}
+	return true
+}
+
+// Equal reports whether two builds of a Service give every node the same
+// view; then publishing the newer one would change no table.
+func (s *Service) Equal(o *Service) bool {
+	return s == o || (s != nil && o != nil && s.Key == o.Key && s.inputHash() == o.inputHash())
+}
+
+// inputHash fingerprints everything any view is computed from.
+func (s *Service) inputHash() uint64 {
+	d := xxhash.New()
+	_, _ = d.Write(mustMarshal(s.base))
+	var b []byte
+	for i := range s.ports {
+		p := &s.ports[i]
+		b = append(b[:0], 0xff)
+		b = append(b, p.name...)
+		b = append(b, boolByte(p.usesCluster), boolByte(p.usesLocal))
+		_, _ = d.Write(b)
+		for j := range p.endpoints {
+			e := &p.endpoints[j]
+			b = e.addr.AppendTo(b[:0])
+			b = append(b, 0, byte(e.port>>8), byte(e.port), boolByte(e.ready), boolByte(e.serving), boolByte(e.terminating))
+			b = append(b, e.nodeName...)
+			for _, z := range e.zoneHints {
+				b = append(append(b, 1), z...)
+			}
+			for _, n := range e.nodeHints {
+				b = append(append(b, 2), n...)
+			}
+			_, _ = d.Write(b)
+		}
+	}
+	return d.Sum64()
+}
+
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,283 @@
+package table
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+)
+
+// Cursor tracks what one agent holds and computes what to send it next.
+// One stream goroutine owns it; it is not safe for concurrent use.
+//
+// At most one response is in flight: the next one is computed only after
+// the agent acknowledges or rejects the previous one, so every delta
+// applies to a version the agent confirmed holding, and changes arriving
+// meanwhile coalesce into one response.
+type Cursor struct {
+	node       string
+	deltas     bool
+	maxPending int
+
+	world   *World
+	base    base
+	pending Pending // changes since base.world; meaningful when base.kind == baseTracked
+
+	inflight *Response
+	nacked   *uint64 // version the agent rejected: never sent again
+}
+
+type baseKind int
+
+const (
+	baseNone    baseKind = iota // the agent holds nothing we can use
+	baseKnown                   // the agent told us its entry hashes
+	baseTracked                 // the agent holds what we sent it, plus pending
+)
+
+type base struct {
+	kind    baseKind
+	version uint64
+	node    *compute.Node     // baseTracked: the node info the agent holds
+	known   map[string]uint64 // baseKnown: the agent's entry hashes
+	nodeSum uint64            // baseKnown: the agent's node hash
+}
+
+// Held is what an agent reports holding when it connects.
+type Held struct {
+	// Version is the table version, or "" for none.
+	Version string
+	// Entries maps keys to entry hashes.
+	Entries map[string]uint64
+	// NodeHash is the NodeInfo hash.
+	NodeHash uint64
+}
+
+// Response is one encoded table response.
+type Response struct {
+	// Snapshot is true for a Snapshot, false for a Delta.
+	Snapshot bool
+	// Base and Version are the versions before (deltas) and after.
+	Base, Version uint64
+	// Body is the encoded Snapshot or Delta message.
+	Body []byte
+	// Upserts and Removals count entries (a snapshot's entries are upserts).
+	Upserts, Removals int
+	// TriggerTime is the newest trigger time among the upserts.
+	TriggerTime time.Time
+
+	node    *compute.Node
+	pending Pending // what this response covered, restored on NACK
+}
+
+// NewCursor starts a cursor for node in world w, from what the agent
+// holds. deltas says whether the agent applies Delta responses.
+func NewCursor(node string, w *World, held Held, deltas bool, maxPending int) (*Cursor, error) {
+	c := &Cursor{node: node, deltas: deltas, maxPending: maxPending, world: w}
+	if held.Version == "" {
+		return c, nil
+	}
+	v, err := compute.ParseVersion(held.Version)
+	if err != nil {
+		return nil, fmt.Errorf("held version: %w", err)
+	}
+	n := w.Node(node)
+	if v == w.Version(n) {
+		// The agent already holds this table, whichever replica sent it.
+		c.base = base{kind: baseTracked, version: v, node: n}
+		return c, nil
+	}
+	c.base = base{kind: baseKnown, version: v, known: held.Entries, nodeSum: held.NodeHash}
+	return c, nil
+}
+
+// Update records a newer world and the changes since the previous one.
+func (c *Cursor) Update(w *World, p Pending) {
+	c.world = w
+	c.pending.merge(p, c.maxPending)
+}
+
+// InFlight reports whether a response awaits acknowledgement.
+func (c *Cursor) InFlight() *Response { return c.inflight }
+
+// Current reports whether the agent holds the table of the latest world
+// (as far as acknowledged): nothing pending and nothing in flight.
+func (c *Cursor) Current() bool {
+	return c.inflight == nil && c.base.kind == baseTracked && c.pending.Len() == 0 && !c.pending.Overflow &&
+		c.base.node.Equal(c.world.Node(c.node))
+}
+
+// AckedVersion is the version the agent holds, and whether it is known.
+func (c *Cursor) AckedVersion() (uint64, bool) {
+	return c.base.version, c.base.kind != baseNone
+}
+
+// Next computes the response that brings the agent to the latest world, or
+// nil when there is nothing to send: the agent is current, a response is
+// in flight, or the only possible response is a version the agent rejected.
+func (c *Cursor) Next() *Response {
+	if c.inflight != nil {
+		return nil
+	}
+	node := c.world.Node(c.node)
+	var r *Response
+	switch {
+	case c.base.kind == baseNone || (c.base.kind == baseTracked && c.pending.Overflow):
+		r = c.snapshot(node)
+	case c.base.kind == baseKnown:
+		r = c.diff(node, func(k string) (uint64, bool) { h, ok := c.base.known[k]; return h, ok }, c.base.nodeSum, true)
+		if r == nil || r.Version != c.world.Version(node) {
+			// What the agent reported does not add up to its version
+			// (a corrupt cache, or entries omitted): start afresh.
+			r = c.snapshot(node)
+		}
+	case !c.base.node.Equal(node):
+		// The node's zone may have moved it to other views of any Service.
+		r = c.diff(node, c.trackedHash, c.base.node.Hash, true)
+	default:
+		r = c.diff(node, c.trackedHash, c.base.node.Hash, false)
+	}
+	if r == nil {
+		// Nothing differs: the agent's base is the latest world.
+		c.base = base{kind: baseTracked, version: c.base.version, node: node}
+		c.pending = Pending{}
+		return nil
+	}
+	if !r.Snapshot && !c.deltas {
+		r = c.snapshot(node)
+	}
+	if c.nacked != nil && *c.nacked == r.Version {
+		return nil
+	}
+	r.node, r.pending = node, c.pending
+	c.pending = Pending{}
+	c.inflight = r
+	return r
+}
+
+// trackedHash is the hash of key's entry in the agent's base: the state
+// before the first pending change, or the current state when unchanged.
+func (c *Cursor) trackedHash(key string) (uint64, bool) {
+	svc, changed := c.pending.Services[key]
+	if !changed {
+		svc = c.world.Service(key)
+	}
+	if svc == nil {
+		return 0, false
+	}
+	return svc.EntryFor(c.base.node).Hash, true
+}
+
+// Ack records that the agent applied the response with version v. A stale
+// or unknown version is an error; the cursor is unchanged.
+func (c *Cursor) Ack(v uint64) error {
+	if c.inflight == nil || c.inflight.Version != v {
+		return fmt.Errorf("ack for %s: not the response in flight", compute.FormatVersion(v))
+	}
+	c.base = base{kind: baseTracked, version: v, node: c.inflight.node}
+	c.inflight, c.nacked = nil, nil
+	return nil
+}
+
+// Nack records that the agent rejected the response with version v and
+// still holds its base. That version is not sent again.
+func (c *Cursor) Nack(v uint64) error {
+	if c.inflight == nil || c.inflight.Version != v {
+		return fmt.Errorf("nack for %s: not the response in flight", compute.FormatVersion(v))
+	}
+	restored := c.inflight.pending
+	restored.merge(c.pending, c.maxPending)
+	c.pending = restored
+	c.nacked = &v
+	c.inflight = nil
+	return nil
+}
+
+func (c *Cursor) snapshot(node *compute.Node) *Response {
+	r := &Response{Snapshot: true, Version: node.Hash}
+	var entries []byte
+	for _, k := range c.world.Keys() {
+		svc := c.world.Service(k)
+		e := svc.EntryFor(node)
+		r.Version += e.Hash
+		entries = appendEntry(entries, snapEntries, k, e, svc.TriggerTime)
+		r.noteTrigger(svc.TriggerTime)
+	}
+	r.Upserts = c.world.Len()
+	body := make([]byte, 0, len(entries)+len(node.Bytes)+32)
+	body = appendString(body, snapVersion, compute.FormatVersion(r.Version))
+	body = appendMessage(body, snapNode, node.Bytes)
+	r.Body = append(body, entries...)
+	return r
+}
+
+// diff builds a delta from the agent's base, where old gives the hash of
+// each entry the agent holds. With full it compares every key; otherwise
+// only the pending ones, which is enough when the node is unchanged.
+func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNode uint64, full bool) *Response {
+	var keys []string
+	if full {
+		keys = slices.Clone(c.world.Keys())
+		switch c.base.kind {
+		case baseKnown:
+			for k := range c.base.known {
+				if c.world.Service(k) == nil {
+					keys = append(keys, k)
+				}
+			}
+		case baseTracked:
+			for k := range c.pending.Services {
+				if c.world.Service(k) == nil {
+					keys = append(keys, k)
+				}
+			}
+		}
+	} else {
+		for k := range c.pending.Services {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+
+	r := &Response{Base: c.base.version, Version: c.base.version - oldNode + node.Hash}
+	var upserts, removals []byte
+	for _, k := range keys {
+		oldHash, had := old(k)
+		svc := c.world.Service(k)
+		switch {
+		case svc == nil && had:
+			r.Version -= oldHash
+			removals = appendString(removals, deltaRemovals, k)
+			r.Removals++
+		case svc != nil:
+			e := svc.EntryFor(node)
+			if had && e.Hash == oldHash {
+				continue
+			}
+			r.Version += e.Hash - oldHash // oldHash is 0 when !had
+			upserts = appendEntry(upserts, deltaUpserts, k, e, svc.TriggerTime)
+			r.Upserts++
+			r.noteTrigger(svc.TriggerTime)
+		}
+	}
+	nodeChanged := oldNode != node.Hash
+	if r.Upserts == 0 && r.Removals == 0 && !nodeChanged {
+		return nil
+	}
+	body := make([]byte, 0, len(upserts)+len(removals)+len(node.Bytes)+48)
+	body = appendString(body, deltaBase, compute.FormatVersion(r.Base))
+	body = appendString(body, deltaVersion, compute.FormatVersion(r.Version))
+	if nodeChanged {
+		body = appendMessage(body, deltaNode, node.Bytes)
+	}
+	body = append(body, upserts...)
+	r.Body = append(body, removals...)
+	return r
+}
+
+func (r *Response) noteTrigger(t time.Time) {
+	if t.After(r.TriggerTime) {
+		r.TriggerTime = t
+	}
+}
