@@ -66,6 +66,9 @@ type Response struct {
 	Upserts, Removals int
 	// TriggerTime is the newest trigger time among the upserts.
 	TriggerTime time.Time
+	// LagReset is set on a snapshot sent because the agent fell more than
+	// the pending limit behind.
+	LagReset bool
 
 	node    *compute.Node
 	pending Pending // what this response covered, restored on NACK
@@ -123,8 +126,11 @@ func (c *Cursor) Next() *Response {
 	node := c.world.Node(c.node)
 	var r *Response
 	switch {
-	case c.base.kind == baseNone || (c.base.kind == baseTracked && c.pending.Overflow):
+	case c.base.kind == baseNone:
 		r = c.snapshot(node)
+	case c.base.kind == baseTracked && c.pending.Overflow:
+		r = c.snapshot(node)
+		r.LagReset = true
 	case c.base.kind == baseKnown:
 		r = c.diff(node, func(k string) (uint64, bool) { h, ok := c.base.known[k]; return h, ok }, c.base.nodeSum, true)
 		if r == nil || r.Version != c.world.Version(node) {

@@ -27,6 +27,9 @@ func NewStore(maxPending int) *Store {
 // has seen no complete cluster and must serve nothing.
 func (s *Store) Ready() <-chan struct{} { return s.ready }
 
+// MaxPending is the lag limit given to NewStore.
+func (s *Store) MaxPending() int { return s.maxPending }
+
 // Current returns the latest world, or nil before the first Publish.
 func (s *Store) Current() *World {
 	s.mu.Lock()

@@ -1,0 +1,73 @@
+// Package metrics defines the control plane's Prometheus metrics. They are
+// registered once, by Register, on the registry the binary serves.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const namespace = "proxyplane_controlplane"
+
+var (
+	// NodesConnected is the number of agents with an open Sync stream.
+	NodesConnected = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "nodes_connected",
+		Help: "Node agents with an open Sync stream on this replica.",
+	})
+	// VersionsPendingAck is the number of table responses sent and not yet
+	// acknowledged or rejected.
+	VersionsPendingAck = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "versions_pending_ack",
+		Help: "Table responses sent to agents and not yet ACKed or NACKed.",
+	})
+	// NacksTotal counts rejected table responses.
+	NacksTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "nacks_total",
+		Help: "Table responses rejected by agents.",
+	})
+	// ResponsesTotal counts table responses sent, by kind (snapshot, delta).
+	ResponsesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "responses_total",
+		Help: "Table responses sent to agents, by kind.",
+	}, []string{"kind"})
+	// SentBytesTotal counts table bytes sent, by kind (snapshot, delta).
+	SentBytesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "sent_bytes_total",
+		Help: "Encoded table response bytes sent to agents, by kind.",
+	}, []string{"kind"})
+	// LagResetsTotal counts agents reset with a snapshot after falling
+	// behind by more than the pending-change limit.
+	LagResetsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "lag_resets_total",
+		Help: "Snapshots sent because an agent fell too far behind for a delta.",
+	})
+	// StreamsClosedTotal counts Sync streams closed, by reason.
+	StreamsClosedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "streams_closed_total",
+		Help: "Sync streams closed, by reason (eof, replaced, keepalive_timeout, write_timeout, ack_timeout, invalid, error).",
+	}, []string{"reason"})
+	// ComputeDurationSeconds is the time to recompute changed Services and
+	// Nodes and publish the resulting world.
+	ComputeDurationSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "compute_duration_seconds",
+		Help:    "Time to recompute a batch of changed Services and Nodes and publish it.",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
+	})
+	// ComputeErrorsTotal counts Services that failed to compute and kept
+	// their last good state.
+	ComputeErrorsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "compute_errors_total",
+		Help: "Services that could not be computed (invalid) and kept their last good state.",
+	})
+	// Services is the number of proxied Services in the current world.
+	Services = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "services",
+		Help: "Proxied Services in the current world.",
+	})
+)
+
+// Register registers every metric on r. Call it once per registry.
+func Register(r prometheus.Registerer) {
+	r.MustRegister(NodesConnected, VersionsPendingAck, NacksTotal, ResponsesTotal, SentBytesTotal,
+		LagResetsTotal, StreamsClosedTotal, ComputeDurationSeconds, ComputeErrorsTotal, Services)
+}

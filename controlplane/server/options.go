@@ -1,0 +1,56 @@
+package server
+
+import (
+	"context"
+	"time"
+)
+
+// Options tune the server. Zero values are replaced by the defaults below.
+type Options struct {
+	// KeepaliveInterval is how often a keepalive goes to each agent.
+	KeepaliveInterval time.Duration
+	// KeepaliveTimeout closes a stream whose agent sent nothing for this
+	// long (it answers every keepalive, so silence means it is gone).
+	KeepaliveTimeout time.Duration
+	// WriteTimeout closes a stream whose agent does not take a message
+	// within this time: a half-open or stalled peer.
+	WriteTimeout time.Duration
+	// AckTimeout closes a stream whose agent neither ACKs nor NACKs a
+	// table response within this time. It must cover a full kernel sync.
+	AckTimeout time.Duration
+	// Authorize, when set, decides whether the stream's peer may act for
+	// nodeName; it reads credentials from ctx (metadata or TLS), never
+	// from messages. A non-nil error refuses the stream.
+	Authorize func(ctx context.Context, nodeName string) error
+}
+
+// Defaults.
+const (
+	// DefaultKeepaliveInterval: frequent enough to notice a dead agent
+	// within a minute, rare enough to cost nothing at 5,000 agents.
+	DefaultKeepaliveInterval = 15 * time.Second
+	// DefaultKeepaliveTimeout allows two lost keepalives.
+	DefaultKeepaliveTimeout = 45 * time.Second
+	// DefaultWriteTimeout: a 10k-service snapshot is a few MB, which any
+	// live peer takes in well under this.
+	DefaultWriteTimeout = 30 * time.Second
+	// DefaultAckTimeout: a full iptables restore of 10k services takes
+	// about 5 s here; this leaves a wide margin for a loaded node.
+	DefaultAckTimeout = 5 * time.Minute
+)
+
+func (o Options) withDefaults() Options {
+	if o.KeepaliveInterval <= 0 {
+		o.KeepaliveInterval = DefaultKeepaliveInterval
+	}
+	if o.KeepaliveTimeout <= 0 {
+		o.KeepaliveTimeout = DefaultKeepaliveTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.AckTimeout <= 0 {
+		o.AckTimeout = DefaultAckTimeout
+	}
+	return o
+}

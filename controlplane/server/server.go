@@ -1,0 +1,167 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/controlplane/table"
+)
+
+// Errors that end a stream; each maps to a gRPC status at the edge.
+var (
+	errReplaced         = errors.New("a newer stream for this node replaced this one")
+	errKeepaliveTimeout = errors.New("no message from the agent within the keepalive timeout")
+	errWriteTimeout     = errors.New("the agent did not take a message within the write timeout")
+	errAckTimeout       = errors.New("the agent neither acknowledged nor rejected a table within the ack timeout")
+	errInvalid          = errors.New("invalid message")
+)
+
+// Server implements proxyplane.v1.TableService.
+type Server struct {
+	pb.UnimplementedTableServiceServer
+
+	store *table.Store
+	opts  Options
+	log   *slog.Logger
+	reg   *registry
+}
+
+// New returns a server of store's tables.
+func New(store *table.Store, opts Options, log *slog.Logger) *Server {
+	return &Server{store: store, opts: opts.withDefaults(), log: log, reg: newRegistry()}
+}
+
+// ServerOptions returns the grpc.ServerOptions the server relies on: the
+// codec that sends pre-encoded tables. Pass them to grpc.NewServer.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
+}
+
+// Register registers the TableService on r.
+func (s *Server) Register(r grpc.ServiceRegistrar) { pb.RegisterTableServiceServer(r, s) }
+
+// ListNodes implements TableService.
+func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.ListNodesResponse, error) {
+	w, err := s.world(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ListNodesResponse{Nodes: s.reg.list(w.Known, w.NodeNames())}, nil
+}
+
+// world waits for the store's first world: no table is served before the
+// informers have synced.
+func (s *Server) world(ctx context.Context) (*table.World, error) {
+	select {
+	case <-s.store.Ready():
+		return s.store.Current(), nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// WatchTable implements TableService: the table of any node, read-only,
+// acknowledged on the agent's behalf as soon as it is sent.
+func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreamingServer[pb.WatchTableResponse]) error {
+	if err := validNodeName(req.GetNodeName()); err != nil {
+		return toStatus(err)
+	}
+	ctx := stream.Context()
+	if _, err := s.world(ctx); err != nil {
+		return err
+	}
+	sub := s.store.Subscribe(req.GetNodeName())
+	defer sub.Close()
+	w, _ := sub.Take()
+	cur, err := table.NewCursor(req.GetNodeName(), w, table.Held{}, true, s.store.MaxPending())
+	if err != nil {
+		return toStatus(err)
+	}
+	out := newSender(stream, s.opts.WriteTimeout)
+	defer out.close()
+	for {
+		if r := cur.Next(); r != nil {
+			field := protowire.Number(1) // WatchTableResponse.snapshot
+			if !r.Snapshot {
+				field = 2 // WatchTableResponse.delta
+			}
+			if err := out.send(ctx, &frame{head: lengthPrefix(nil, field, len(r.Body)), body: r.Body}); err != nil {
+				return toStatus(err)
+			}
+			if err := cur.Ack(r.Version); err != nil {
+				return toStatus(err) // cannot happen: r is the response in flight
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sub.Wake():
+			cur.Update(sub.Take())
+		}
+	}
+}
+
+// lengthPrefix appends the tag and length of a length-delimited field num
+// whose n bytes of content follow.
+func lengthPrefix(b []byte, num protowire.Number, n int) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(n))
+}
+
+func validNodeName(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w: node name is empty", errInvalid)
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("%w: node name %q: %s", errInvalid, name, errs[0])
+	}
+	return nil
+}
+
+// toStatus maps an error to a gRPC status: the only place codes are chosen.
+func toStatus(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case status.Code(err) != codes.Unknown:
+		return err
+	case errors.Is(err, errInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, errReplaced):
+		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, errKeepaliveTimeout), errors.Is(err, errWriteTimeout), errors.Is(err, errAckTimeout):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// reason names why a stream closed, for the streams_closed_total metric.
+func reason(err error) string {
+	switch {
+	case err == nil:
+		return "eof"
+	case errors.Is(err, errInvalid):
+		return "invalid"
+	case errors.Is(err, errReplaced):
+		return "replaced"
+	case errors.Is(err, errKeepaliveTimeout):
+		return "keepalive_timeout"
+	case errors.Is(err, errWriteTimeout):
+		return "write_timeout"
+	case errors.Is(err, errAckTimeout):
+		return "ack_timeout"
+	}
+	return "error"
+}

@@ -1,0 +1,321 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/metrics"
+	"github.com/proxyplane/proxyplane/controlplane/table"
+)
+
+type syncStream = grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
+
+// Sync implements TableService. See the proto for the protocol.
+func (s *Server) Sync(stream syncStream) (err error) {
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	in := make(chan *pb.SyncRequest)
+	recvErr := make(chan error, 1)
+	go receive(ctx, stream, in, recvErr)
+
+	hello, err := s.awaitHello(ctx, in, recvErr)
+	if err != nil {
+		return toStatus(err)
+	}
+	node := hello.GetNodeName()
+	if s.opts.Authorize != nil {
+		if err := s.opts.Authorize(ctx, node); err != nil {
+			return status.Errorf(codes.PermissionDenied, "node %q: %v", node, err)
+		}
+	}
+	if _, err := s.world(ctx); err != nil {
+		return err
+	}
+	sub := s.store.Subscribe(node)
+	defer sub.Close()
+	w, _ := sub.Take()
+	held := table.Held{Version: hello.GetVersion(), Entries: hello.GetEntryHashes(), NodeHash: hello.GetNodeHash()}
+	cur, err := table.NewCursor(node, w, held, hello.GetCapabilities().GetDeltas(), s.store.MaxPending())
+	if err != nil {
+		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
+	}
+
+	st := s.reg.attach(node, peerAddr(ctx), hello.GetCapabilities(), cancel)
+	defer st.detach()
+	if v, ok := cur.AckedVersion(); ok {
+		st.acked(v)
+	}
+	log := s.log.With("node", node, "peer", peerAddr(ctx))
+	log.Info("agent connected", "heldVersion", hello.GetVersion(), "current", cur.Current())
+	started := time.Now()
+	defer func() {
+		metrics.StreamsClosedTotal.WithLabelValues(reason(err)).Inc()
+		if cur.InFlight() != nil {
+			metrics.VersionsPendingAck.Dec()
+		}
+		log.Info("agent disconnected", "after", time.Since(started).Round(time.Millisecond), "reason", reason(err), "err", err)
+	}()
+
+	ss := &syncSession{Server: s, cur: cur, st: st, out: newSender(stream, s.opts.WriteTimeout)}
+	defer ss.out.close()
+	keepalive := time.NewTicker(s.opts.KeepaliveInterval)
+	defer keepalive.Stop()
+	lastHeard := time.Now()
+	for {
+		if err := ss.sendNext(ctx); err != nil {
+			return toStatus(err)
+		}
+		select {
+		case <-ctx.Done():
+			return toStatus(context.Cause(ctx))
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return toStatus(err)
+		case <-sub.Wake():
+			cur.Update(sub.Take())
+		case m := <-in:
+			lastHeard = time.Now()
+			if err := ss.handle(m); err != nil {
+				log.Warn("closing stream", "err", err)
+				return toStatus(err)
+			}
+		case <-keepalive.C:
+			if time.Since(lastHeard) > s.opts.KeepaliveTimeout {
+				return toStatus(errKeepaliveTimeout)
+			}
+			ka := &pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{SentAt: timestamppb.Now()}}}
+			if err := ss.out.send(ctx, ka); err != nil {
+				return toStatus(err)
+			}
+		case <-ss.ackDeadline():
+			return toStatus(errAckTimeout)
+		}
+	}
+}
+
+// syncSession is the state of one Sync stream, owned by its goroutine.
+type syncSession struct {
+	*Server
+	cur      *table.Cursor
+	st       *streamStatus
+	out      *sender
+	nonces   uint64
+	nonce    string      // of the response in flight, or ""
+	ackTimer *time.Timer // runs while a response is in flight
+}
+
+// sendNext sends the cursor's next response, if any.
+func (ss *syncSession) sendNext(ctx context.Context) error {
+	r := ss.cur.Next()
+	if r == nil {
+		return nil
+	}
+	ss.nonces++
+	ss.nonce = strconv.FormatUint(ss.nonces, 10)
+	head := protowire.AppendTag(nil, 1, protowire.BytesType) // SyncResponse.nonce
+	head = protowire.AppendString(head, ss.nonce)
+	kind := "delta"
+	field := protowire.Number(3) // SyncResponse.delta
+	if r.Snapshot {
+		kind, field = "snapshot", 2 // SyncResponse.snapshot
+	}
+	f := &frame{head: lengthPrefix(head, field, len(r.Body)), body: r.Body}
+	if err := ss.out.send(ctx, f); err != nil {
+		return err
+	}
+	metrics.VersionsPendingAck.Inc()
+	metrics.ResponsesTotal.WithLabelValues(kind).Inc()
+	metrics.SentBytesTotal.WithLabelValues(kind).Add(float64(f.size()))
+	if r.LagReset {
+		metrics.LagResetsTotal.Inc()
+	}
+	ss.st.sent(r.Version, ss.nonce, f.size())
+	ss.ackTimer = time.NewTimer(ss.opts.AckTimeout)
+	return nil
+}
+
+func (ss *syncSession) ackDeadline() <-chan time.Time {
+	if ss.ackTimer == nil {
+		return nil
+	}
+	return ss.ackTimer.C
+}
+
+// handle processes one message from the agent.
+func (ss *syncSession) handle(m *pb.SyncRequest) error {
+	switch k := m.GetKind().(type) {
+	case *pb.SyncRequest_Keepalive:
+		return nil
+	case *pb.SyncRequest_Ack:
+		v, err := ss.settle(k.Ack.GetVersion(), k.Ack.GetNonce())
+		if err != nil {
+			return err
+		}
+		if err := ss.cur.Ack(v); err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+		ss.st.acked(v)
+		return nil
+	case *pb.SyncRequest_Nack:
+		v, err := ss.settle(k.Nack.GetVersion(), k.Nack.GetNonce())
+		if err != nil {
+			return err
+		}
+		if err := ss.cur.Nack(v); err != nil {
+			return fmt.Errorf("%w: %w", errInvalid, err)
+		}
+		detail := nackDetail(k.Nack)
+		metrics.NacksTotal.Inc()
+		ss.st.nacked(v, detail)
+		ss.log.Warn("agent rejected table", "node", ss.st.node, "version", compute.FormatVersion(v), "error", detail)
+		return nil
+	case *pb.SyncRequest_Hello:
+		return fmt.Errorf("%w: hello after the stream started", errInvalid)
+	default:
+		return fmt.Errorf("%w: empty request", errInvalid)
+	}
+}
+
+// settle checks that an ACK or NACK answers the response in flight and
+// ends its wait.
+func (ss *syncSession) settle(version, nonce string) (uint64, error) {
+	if ss.nonce == "" || nonce != ss.nonce {
+		return 0, fmt.Errorf("%w: answer for nonce %q, but %q is in flight", errInvalid, nonce, ss.nonce)
+	}
+	v, err := compute.ParseVersion(version)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	ss.nonce = ""
+	ss.ackTimer.Stop()
+	ss.ackTimer = nil
+	metrics.VersionsPendingAck.Dec()
+	return v, nil
+}
+
+func nackDetail(n *pb.Nack) string {
+	var b strings.Builder
+	b.WriteString(n.GetError())
+	for i, e := range n.GetEntryErrors() {
+		if i == 10 {
+			fmt.Fprintf(&b, "; and %d more", len(n.GetEntryErrors())-i)
+			break
+		}
+		fmt.Fprintf(&b, "; %s: %s", e.GetKey(), e.GetError())
+	}
+	return b.String()
+}
+
+// awaitHello waits for the first message, which must be a valid Hello.
+func (s *Server) awaitHello(ctx context.Context, in <-chan *pb.SyncRequest, recvErr <-chan error) (*pb.Hello, error) {
+	t := time.NewTimer(s.opts.KeepaliveTimeout)
+	defer t.Stop()
+	select {
+	case m := <-in:
+		h := m.GetHello()
+		if h == nil {
+			return nil, fmt.Errorf("%w: the first message must be a hello", errInvalid)
+		}
+		return h, validNodeName(h.GetNodeName())
+	case err := <-recvErr:
+		return nil, err
+	case <-t.C:
+		return nil, fmt.Errorf("%w: no hello", errKeepaliveTimeout)
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// receive feeds the stream's messages to its owner until the stream ends.
+// It decodes them itself: when grpc-go fails to decode, it ends the stream
+// with Internal on its own, but a malformed message is the agent's error
+// (InvalidArgument), and it must say so.
+func receive(ctx context.Context, stream syncStream, in chan<- *pb.SyncRequest, errc chan<- error) {
+	for {
+		var raw rawMessage
+		if err := stream.RecvMsg(&raw); err != nil {
+			errc <- err
+			return
+		}
+		m := &pb.SyncRequest{}
+		if err := proto.Unmarshal(raw, m); err != nil {
+			errc <- fmt.Errorf("%w: undecodable message: %w", errInvalid, err)
+			return
+		}
+		select {
+		case in <- m:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return ""
+}
+
+// sender performs a stream's writes on its own goroutine, so that its
+// owner can give up on a write that does not complete in time.
+type sender struct {
+	stream  grpc.ServerStream
+	timeout time.Duration
+	reqs    chan any
+	done    chan error
+}
+
+func newSender(stream grpc.ServerStream, timeout time.Duration) *sender {
+	s := &sender{stream: stream, timeout: timeout, reqs: make(chan any), done: make(chan error, 1)}
+	go func() {
+		for m := range s.reqs {
+			s.done <- s.stream.SendMsg(m)
+		}
+	}()
+	return s
+}
+
+// send writes m, waiting at most the write timeout. After an error the
+// stream is unusable and its handler must return, which also unblocks a
+// write still in progress.
+func (s *sender) send(ctx context.Context, m any) error {
+	select {
+	case s.reqs <- m:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	t := time.NewTimer(s.timeout)
+	defer t.Stop()
+	select {
+	case err := <-s.done:
+		if err != nil {
+			return fmt.Errorf("sending: %w", err)
+		}
+		return nil
+	case <-t.C:
+		return errWriteTimeout
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// close ends the send goroutine once its current write, if any, returns.
+func (s *sender) close() { close(s.reqs) }

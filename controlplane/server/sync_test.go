@@ -1,0 +1,342 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/table"
+)
+
+// cluster publishes services a and b and returns the store.
+func cluster(t *testing.T) *table.Store {
+	t.Helper()
+	store := table.NewStore(100)
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 1), "b": service(t, "b", 3, 1)})
+	return store
+}
+
+func wantVersion(t *testing.T, store *table.Store, node string) string {
+	t.Helper()
+	w := store.Current()
+	return compute.FormatVersion(w.Version(w.Node(node)))
+}
+
+func TestHelloGetsSnapshot(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	r := a.recv()
+	snap := r.GetSnapshot()
+	if snap == nil {
+		t.Fatalf("want a snapshot, got %v", r)
+	}
+	if got := len(snap.GetEntries()); got != 2 {
+		t.Errorf("snapshot has %d entries, want 2", got)
+	}
+	if snap.GetNode().GetName() != "node-1" {
+		t.Errorf("snapshot node = %q, want node-1", snap.GetNode().GetName())
+	}
+	if want := wantVersion(t, store, "node-1"); snap.GetVersion() != want {
+		t.Errorf("snapshot version = %s, want %s", snap.GetVersion(), want)
+	}
+	a.ack(r)
+	eventually(t, "ListNodes to show the ACK", func() bool {
+		st := nodeStatus(t, client, "node-1")
+		return st.GetConnected() && st.GetAckedVersion() == snap.GetVersion() && st.GetSentNonce() == r.GetNonce()
+	})
+}
+
+func TestChangeGivesDelta(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	first := a.recv()
+	a.ack(first)
+
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 2)})
+	r := a.recv()
+	d := r.GetDelta()
+	if d == nil {
+		t.Fatalf("want a delta, got %v", r)
+	}
+	if d.GetBaseVersion() != first.GetSnapshot().GetVersion() {
+		t.Errorf("delta base = %s, want the acked %s", d.GetBaseVersion(), first.GetSnapshot().GetVersion())
+	}
+	if up, rm := keys(d); !slices.Equal(up, []string{"default/a"}) || len(rm) != 0 {
+		t.Errorf("delta upserts %v removals %v, want just default/a", up, rm)
+	}
+	a.ack(r)
+	if want := wantVersion(t, store, "node-1"); a.version != want {
+		t.Errorf("agent holds %s, want %s", a.version, want)
+	}
+}
+
+func TestReconnectWhenCurrentGetsNothing(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	a.ack(a.recv())
+	a.close()
+
+	// The same agent reconnects, as to a restarted or another replica.
+	b := connect(t, client, a.hello())
+	b.entries, b.version, b.nodeHash = a.entries, a.version, a.nodeHash
+	// The first response it gets must be the delta for a later change:
+	// had the hello been answered with a table, this would be it instead.
+	publish(t, store, map[string]*compute.Service{"b": service(t, "b", 3, 2)})
+	r := b.recv()
+	if d := r.GetDelta(); d == nil || d.GetBaseVersion() != a.version || len(d.GetUpserts()) != 1 {
+		t.Fatalf("first response after a current reconnect = %v; want only the later one-entry delta from %s", r, a.version)
+	}
+	eventually(t, "ListNodes to show the held version as acked", func() bool {
+		return nodeStatus(t, client, "node-1").GetSentNonce() == r.GetNonce()
+	})
+}
+
+func TestReconnectWithOlderTableGetsDifference(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	a.ack(a.recv())
+	a.close()
+
+	// While the agent is away: a changes, b goes, c arrives.
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 3), "b": nil, "c": service(t, "c", 1, 1)})
+
+	// A fresh server, as after a control plane restart: it never saw a.
+	client2, _, _ := newTestServer(t, store, Options{})
+	b := connect(t, client2, a.hello())
+	b.entries, b.version, b.nodeHash = a.entries, a.version, a.nodeHash
+	r := b.recv()
+	d := r.GetDelta()
+	if d == nil {
+		t.Fatalf("want a delta, got %v", r)
+	}
+	up, rm := keys(d)
+	if !slices.Equal(up, []string{"default/a", "default/c"}) || !slices.Equal(rm, []string{"default/b"}) {
+		t.Errorf("delta upserts %v removals %v, want [default/a default/c] and [default/b]", up, rm)
+	}
+	b.ack(r)
+	if want := wantVersion(t, store, "node-1"); b.version != want {
+		t.Errorf("agent holds %s, want %s", b.version, want)
+	}
+}
+
+func TestNackedVersionIsNotResent(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	a.ack(a.recv())
+	held := a.version
+
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 2)})
+	rejected := a.recv()
+	a.nack(rejected, "kernel said no")
+	eventually(t, "ListNodes to show the NACK", func() bool {
+		st := nodeStatus(t, client, "node-1")
+		return st.GetNackedVersion() == rejected.GetDelta().GetVersion() && st.GetNackError() != ""
+	})
+
+	// The next response must cover a new change, from the version the
+	// agent still holds, and must not be the rejected one.
+	publish(t, store, map[string]*compute.Service{"b": service(t, "b", 3, 2)})
+	r := a.recv()
+	d := r.GetDelta()
+	if d == nil || d.GetBaseVersion() != held || d.GetVersion() == rejected.GetDelta().GetVersion() {
+		t.Fatalf("after a NACK got %v; want a delta from %s to a new version", r, held)
+	}
+	if up, _ := keys(d); !slices.Equal(up, []string{"default/a", "default/b"}) {
+		t.Errorf("delta upserts %v, want both the rejected change and the new one", up)
+	}
+	a.ack(r)
+}
+
+func TestStalledAgentDoesNotDelayOthers(t *testing.T) {
+	store := table.NewStore(100)
+	big := map[string]*compute.Service{}
+	for i := range 400 {
+		name := fmt.Sprintf("svc-%03d", i)
+		big[name] = service(t, name, 20, 1)
+	}
+	publish(t, store, big)
+	client, _, dial := newTestServer(t, store, Options{
+		WriteTimeout: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond,
+	})
+
+	// The stalled agent says hello and never reads. A fixed window (which
+	// turns off BDP window growth) keeps most of its snapshot unwritten,
+	// so the next write to it, a keepalive, cannot complete.
+	stalledClient := dial(grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	stalled := connect(t, stalledClient, &pb.Hello{NodeName: "stalled"})
+	fast := connect(t, client, &pb.Hello{NodeName: "fast"})
+	fast.ack(fast.recv())
+	for gen := 2; gen < 5; gen++ {
+		publish(t, store, map[string]*compute.Service{"svc-000": service(t, "svc-000", 20, gen)})
+		r := fast.recv()
+		if r.GetDelta() == nil {
+			t.Fatalf("fast agent got %v, want a delta", r)
+		}
+		fast.ack(r)
+	}
+	eventually(t, "the stalled agent to be cut off by the write deadline", func() bool {
+		return !nodeStatus(t, client, "stalled").GetConnected()
+	})
+	stalled.close()
+}
+
+// rawCodec sends bytes as they are, to put garbage on the wire.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
+}
+func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
+func (rawCodec) Name() string                         { return "proto" }
+
+var _ encoding.CodecV2 = rawCodec{}
+
+func TestMalformedMessagesCloseOnlyThatStream(t *testing.T) {
+	store := cluster(t)
+	client, conn, _ := newTestServer(t, store, Options{})
+	good := connect(t, client, &pb.Hello{NodeName: "good"})
+	good.ack(good.recv())
+
+	cases := []struct {
+		name  string
+		first func(t *testing.T) error
+	}{
+		{"garbage bytes", func(t *testing.T) error {
+			desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
+			s, err := conn.NewStream(context.Background(), desc, pb.TableService_Sync_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.SendMsg([]byte{0xff, 0xff, 0xff, 0xff, 0x0f}); err != nil {
+				t.Fatal(err)
+			}
+			return s.RecvMsg(new([]byte))
+		}},
+		{"ack before hello", func(t *testing.T) error {
+			s, _ := client.Sync(context.Background())
+			_ = s.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: "0000000000000000", Nonce: "1"}}})
+			_, err := s.Recv()
+			return err
+		}},
+		{"bad node name", func(t *testing.T) error {
+			s, _ := client.Sync(context.Background())
+			_ = s.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "Not A Node!"}}})
+			_, err := s.Recv()
+			return err
+		}},
+		{"bad held version", func(t *testing.T) error {
+			s, _ := client.Sync(context.Background())
+			_ = s.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n", Version: "xyz"}}})
+			_, err := s.Recv()
+			return err
+		}},
+		{"ack with a wrong nonce", func(t *testing.T) error {
+			a := connect(t, client, &pb.Hello{NodeName: "wrong-nonce"})
+			r := a.recv()
+			a.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: r.GetSnapshot().GetVersion(), Nonce: "999"}}})
+			return a.recvErr()
+		}},
+		{"empty request", func(t *testing.T) error {
+			a := connect(t, client, &pb.Hello{NodeName: "empty"})
+			a.ack(a.recv())
+			a.send(&pb.SyncRequest{})
+			return a.recvErr()
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.first(t); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("got %v, want InvalidArgument", err)
+			}
+		})
+	}
+
+	// The good agent's stream is untouched.
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 9)})
+	if r := good.recv(); r.GetDelta() == nil {
+		t.Fatalf("good agent got %v, want a delta", r)
+	}
+}
+
+func TestSilentAgentTimesOut(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{KeepaliveInterval: 20 * time.Millisecond, KeepaliveTimeout: 100 * time.Millisecond})
+	a := connect(t, client, &pb.Hello{NodeName: "silent"})
+	// It never answers anything, keepalives included.
+	if err := a.recvErr(); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("silent agent's stream ended with %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestNewerStreamReplacesOlder(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	old := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	old.ack(old.recv())
+	fresh := connect(t, client, old.hello())
+	if err := old.recvErr(); status.Code(err) != codes.Aborted {
+		t.Errorf("replaced stream ended with %v, want Aborted", err)
+	}
+	fresh.entries, fresh.version, fresh.nodeHash = old.entries, old.version, old.nodeHash
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 5)})
+	fresh.ack(fresh.recv())
+	if st := nodeStatus(t, client, "node-1"); !st.GetConnected() {
+		t.Errorf("node-1 not connected after the newer stream took over: %v", st)
+	}
+}
+
+func TestNothingServedBeforeSync(t *testing.T) {
+	store := table.NewStore(100)
+	client, _, _ := newTestServer(t, store, Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := client.ListNodes(ctx, &pb.ListNodesRequest{}); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("ListNodes before the first world: %v, want DeadlineExceeded", err)
+	}
+	a := connect(t, client, &pb.Hello{NodeName: "early"})
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 1, 1)})
+	if r := a.recv(); len(r.GetSnapshot().GetEntries()) != 1 {
+		t.Fatalf("after sync got %v, want a one-entry snapshot", r)
+	}
+}
+
+func TestWatchTable(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := client.WatchTable(ctx, &pb.WatchTableRequest{NodeName: "node-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Recv()
+	if err != nil || len(first.GetSnapshot().GetEntries()) != 2 {
+		t.Fatalf("first watch message = %v, %v; want a two-entry snapshot", first, err)
+	}
+	publish(t, store, map[string]*compute.Service{"b": nil})
+	next, err := w.Recv()
+	if err != nil || !slices.Equal(next.GetDelta().GetRemovals(), []string{"default/b"}) {
+		t.Fatalf("second watch message = %v, %v; want a delta removing default/b", next, err)
+	}
+	if next.GetDelta().GetBaseVersion() != first.GetSnapshot().GetVersion() {
+		t.Errorf("watch delta base %s, want %s", next.GetDelta().GetBaseVersion(), first.GetSnapshot().GetVersion())
+	}
+	if st := nodeStatus(t, client, "node-7"); st.GetConnected() {
+		t.Errorf("a watch must not show as a connected agent: %v", st)
+	}
+}

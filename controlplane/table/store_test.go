@@ -1,0 +1,366 @@
+package table
+
+import (
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+)
+
+// woken reports whether sub's wake channel is signalled, consuming it.
+func woken(sub *Subscription) bool {
+	select {
+	case <-sub.Wake():
+		return true
+	default:
+		return false
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// checkPending checks that p records exactly want (key to old state).
+func checkPending(t *testing.T, p Pending, want map[string]*compute.Service) {
+	t.Helper()
+	if p.Overflow {
+		t.Fatalf("pending overflowed, want %d services", len(want))
+	}
+	if p.Len() != len(want) {
+		t.Fatalf("pending %v, want keys %v", slices.Sorted(maps.Keys(p.Services)), slices.Sorted(maps.Keys(want)))
+	}
+	for k, old := range want {
+		got, ok := p.Services[k]
+		if !ok {
+			t.Errorf("pending lacks %s", k)
+		} else if got != old {
+			t.Errorf("pending %s: got state %p, want %p", k, got, old)
+		}
+	}
+}
+
+func TestStoreFirstPublish(t *testing.T) {
+	s := NewStore(testMaxPending)
+	if isClosed(s.Ready()) {
+		t.Fatal("Ready closed before the first publish")
+	}
+	if s.Current() != nil {
+		t.Fatal("Current before the first publish is not nil")
+	}
+	a, b := simpleService(t, "b", "10.0.0.1"), simpleService(t, "a", "10.0.0.2")
+	n1 := buildNode(t, "n1", "a")
+	if gs, gn := s.Publish(services(a, b), nodes(n1)); gs != 2 || gn != 1 {
+		t.Errorf("Publish changed %d services and %d nodes, want 2 and 1", gs, gn)
+	}
+	if !isClosed(s.Ready()) {
+		t.Fatal("Ready not closed after the first publish")
+	}
+	w := s.Current()
+	if w == nil || w.Revision != 1 {
+		t.Fatalf("world %+v, want revision 1", w)
+	}
+	if w.Service(a.Key) != a || w.Service(b.Key) != b || w.Service(key("nope")) != nil {
+		t.Error("world does not hold the published services")
+	}
+	if w.Len() != 2 || !slices.Equal(w.Keys(), []string{key("a"), key("b")}) {
+		t.Errorf("world len %d keys %v, want 2 sorted keys", w.Len(), w.Keys())
+	}
+	if !w.Known("n1") || w.Node("n1") != n1 || w.Known("n2") {
+		t.Error("world does not hold exactly node n1")
+	}
+	if got := w.Node("n2"); got.Name != "n2" || got.Zone != "" || !got.Equal(compute.BuildNode("n2", nil)) {
+		t.Errorf("unknown node n2: got %+v, want a bare NodeInfo", got)
+	}
+	if !slices.Equal(w.NodeNames(), []string{"n1"}) {
+		t.Errorf("node names %v, want [n1]", w.NodeNames())
+	}
+
+	// A second publish of the same content makes no world.
+	if gs, gn := s.Publish(services(simpleService(t, "a", "10.0.0.2")), nodes(buildNode(t, "n1", "a"))); gs != 0 || gn != 0 {
+		t.Errorf("equal publish changed %d services and %d nodes, want none", gs, gn)
+	}
+	if s.Current() != w {
+		t.Error("an equal publish replaced the world")
+	}
+}
+
+func TestStoreFirstPublishEmpty(t *testing.T) {
+	s := NewStore(testMaxPending)
+	if gs, gn := s.Publish(nil, nil); gs != 0 || gn != 0 {
+		t.Errorf("Publish changed %d services and %d nodes, want none", gs, gn)
+	}
+	if !isClosed(s.Ready()) {
+		t.Fatal("Ready not closed after an empty first publish")
+	}
+	if w := s.Current(); w == nil || w.Revision != 1 || w.Len() != 0 {
+		t.Fatalf("world %+v, want an empty revision 1", w)
+	}
+	s.Publish(nil, nil)
+	if w := s.Current(); w.Revision != 1 {
+		t.Errorf("revision %d after an empty second publish, want 1", w.Revision)
+	}
+}
+
+func TestStoreEqualPublishWakesNobody(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		services func(t *testing.T) map[string]*compute.Service
+		nodes    func(t *testing.T) map[string]*compute.Node
+	}{
+		{
+			name:     "rebuilt equal service",
+			services: func(t *testing.T) map[string]*compute.Service { return services(simpleService(t, "a", "10.0.0.1")) },
+		},
+		{
+			// The trigger time is not part of any view.
+			name: "only the trigger time differs",
+			services: func(t *testing.T) map[string]*compute.Service {
+				return services(buildService(t, svcSpec{name: "a", trigger: "2025-03-01T10:00:00Z", eps: []epSpec{{ip: "10.0.0.1"}}}))
+			},
+		},
+		{
+			name:     "removal of an unknown service",
+			services: func(*testing.T) map[string]*compute.Service { return removed(key("nope")) },
+		},
+		{
+			name:  "rebuilt equal node",
+			nodes: func(t *testing.T) map[string]*compute.Node { return nodes(buildNode(t, "n1", "a")) },
+		},
+		{
+			name:  "removal of an unknown node",
+			nodes: func(*testing.T) map[string]*compute.Node { return map[string]*compute.Node{"n9": nil} },
+		},
+		{name: "nothing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore(testMaxPending)
+			s.Publish(services(simpleService(t, "a", "10.0.0.1")), nodes(buildNode(t, "n1", "a")))
+			w := s.Current()
+			subs := []*Subscription{s.Subscribe("n1"), s.Subscribe("n2")}
+			var svcs map[string]*compute.Service
+			var ns map[string]*compute.Node
+			if tc.services != nil {
+				svcs = tc.services(t)
+			}
+			if tc.nodes != nil {
+				ns = tc.nodes(t)
+			}
+			if gs, gn := s.Publish(svcs, ns); gs != 0 || gn != 0 {
+				t.Errorf("Publish changed %d services and %d nodes, want none", gs, gn)
+			}
+			if s.Current() != w || w.Revision != 1 {
+				t.Error("an equal publish made a new world")
+			}
+			for _, sub := range subs {
+				if woken(sub) {
+					t.Errorf("subscription of %s woken", sub.node)
+				}
+				gw, p := sub.Take()
+				if gw != w || p.Len() != 0 || p.Overflow {
+					t.Errorf("Take: world revision %d, pending %+v; want the first world and nothing", gw.Revision, p)
+				}
+			}
+		})
+	}
+}
+
+func TestStoreChangeWakesEverySubscription(t *testing.T) {
+	s := NewStore(testMaxPending)
+	a1, b := simpleService(t, "a", "10.0.0.1"), simpleService(t, "b", "10.0.0.2")
+	s.Publish(services(a1, b), nodes(buildNode(t, "n1", "a"), buildNode(t, "n2", "b")))
+	subs := []*Subscription{s.Subscribe("n1"), s.Subscribe("n2"), s.Subscribe("unknown")}
+	for _, sub := range subs {
+		if w, p := sub.Take(); w != s.Current() || p.Len() != 0 || p.Overflow {
+			t.Fatalf("first Take of %s: want the current world with nothing pending", sub.node)
+		}
+	}
+	if s.Subscribers() != 3 {
+		t.Errorf("%d subscribers, want 3", s.Subscribers())
+	}
+
+	a2, c := simpleService(t, "a", "10.0.0.9"), simpleService(t, "c", "10.0.0.3")
+	if gs, gn := s.Publish(services(a2, b, c), nil); gs != 2 || gn != 0 {
+		t.Errorf("Publish changed %d services and %d nodes, want 2 and 0", gs, gn)
+	}
+	w := s.Current()
+	if w.Revision != 2 || w.Service(key("a")) != a2 || w.Service(key("c")) != c || w.Service(key("b")) != b {
+		t.Fatalf("world revision %d does not hold the change", w.Revision)
+	}
+	for _, sub := range subs {
+		if !woken(sub) {
+			t.Errorf("subscription of %s not woken", sub.node)
+		}
+		gw, p := sub.Take()
+		if gw != w {
+			t.Errorf("Take of %s: world revision %d, want %d", sub.node, gw.Revision, w.Revision)
+		}
+		checkPending(t, p, map[string]*compute.Service{key("a"): a1, key("c"): nil})
+		if _, p := sub.Take(); p.Len() != 0 || p.Overflow {
+			t.Errorf("second Take of %s: pending %+v, want nothing", sub.node, p)
+		}
+	}
+}
+
+func TestStoreNodeChangeWakesOnlyItsSubscription(t *testing.T) {
+	s := NewStore(testMaxPending)
+	s.Publish(services(simpleService(t, "a", "10.0.0.1")), nodes(buildNode(t, "n1", "a"), buildNode(t, "n2", "a")))
+	sub1, sub2 := s.Subscribe("n1"), s.Subscribe("n2")
+
+	n1 := buildNode(t, "n1", "b")
+	if gs, gn := s.Publish(nil, nodes(n1)); gs != 0 || gn != 1 {
+		t.Errorf("Publish changed %d services and %d nodes, want 0 and 1", gs, gn)
+	}
+	if woken(sub2) {
+		t.Error("subscription of n2 woken by a change of n1")
+	}
+	if !woken(sub1) {
+		t.Fatal("subscription of n1 not woken")
+	}
+	w, p := sub1.Take()
+	if w != s.Current() || w.Revision != 2 || w.Node("n1") != n1 {
+		t.Errorf("Take of n1: world revision %d, want the new world with the new node", w.Revision)
+	}
+	if p.Len() != 0 || p.Overflow {
+		t.Errorf("Take of n1: pending %+v, want no services", p)
+	}
+
+	// Removing the node is a change too: it reverts to a bare NodeInfo.
+	if _, gn := s.Publish(nil, map[string]*compute.Node{"n1": nil}); gn != 1 {
+		t.Errorf("node removal changed %d nodes, want 1", gn)
+	}
+	if !woken(sub1) || woken(sub2) {
+		t.Error("node removal: want only n1's subscription woken")
+	}
+	if w := s.Current(); w.Known("n1") || !w.Node("n1").Equal(compute.BuildNode("n1", nil)) {
+		t.Error("removed node still known")
+	}
+}
+
+func TestStoreCoalescesKeepingTheOldestState(t *testing.T) {
+	s := NewStore(testMaxPending)
+	a1 := simpleService(t, "a", "10.0.0.1")
+	s.Publish(services(a1), nil)
+	sub := s.Subscribe("n1")
+
+	s.Publish(services(simpleService(t, "a", "10.0.0.2"), simpleService(t, "b", "10.0.0.5")), nil)
+	s.Publish(services(simpleService(t, "a", "10.0.0.3"), simpleService(t, "b", "10.0.0.6")), nil)
+	s.Publish(removed(key("a")), nil)
+	if !woken(sub) {
+		t.Fatal("not woken")
+	}
+	if woken(sub) {
+		t.Error("woken twice: wakes should coalesce")
+	}
+	w, p := sub.Take()
+	if w != s.Current() || w.Revision != 4 {
+		t.Errorf("Take: world revision %d, want the latest (4)", w.Revision)
+	}
+	// a keeps its state before the first change; b, new since then, nil.
+	checkPending(t, p, map[string]*compute.Service{key("a"): a1, key("b"): nil})
+}
+
+func TestStoreOverflow(t *testing.T) {
+	const limit = 2
+	for _, tc := range []struct {
+		name     string
+		batches  [][]string // services changed by each publish
+		overflow bool
+	}{
+		{name: "at the limit", batches: [][]string{{"a", "b"}}},
+		{name: "at the limit across publishes", batches: [][]string{{"a"}, {"b"}, {"a", "b"}}},
+		{name: "past the limit in one publish", batches: [][]string{{"a", "b", "c"}}, overflow: true},
+		{name: "past the limit across publishes", batches: [][]string{{"a", "b"}, {"c"}}, overflow: true},
+		{name: "overflow is sticky", batches: [][]string{{"a", "b", "c"}, {"a"}}, overflow: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewStore(limit)
+			s.Publish(nil, nil)
+			sub := s.Subscribe("n1")
+			for i, batch := range tc.batches {
+				var svcs []*compute.Service
+				for _, name := range batch {
+					svcs = append(svcs, simpleService(t, name, "10.0.0.1", "10.0.1."+string(rune('0'+i))))
+				}
+				s.Publish(services(svcs...), nil)
+			}
+			if !woken(sub) {
+				t.Fatal("not woken")
+			}
+			_, p := sub.Take()
+			if p.Overflow != tc.overflow {
+				t.Fatalf("overflow %v, want %v", p.Overflow, tc.overflow)
+			}
+			if tc.overflow && p.Services != nil {
+				t.Errorf("overflowed pending keeps %d services, want none", p.Len())
+			}
+			if !tc.overflow && p.Len() == 0 {
+				t.Error("pending records nothing")
+			}
+
+			// Take resets: the next change records normally.
+			old := s.Current().Service(key("a"))
+			s.Publish(services(simpleService(t, "a", "10.9.9.9")), nil)
+			if !woken(sub) {
+				t.Fatal("not woken after Take")
+			}
+			_, p = sub.Take()
+			checkPending(t, p, map[string]*compute.Service{key("a"): old})
+		})
+	}
+}
+
+func TestStoreClose(t *testing.T) {
+	s := NewStore(testMaxPending)
+	s.Publish(services(simpleService(t, "a", "10.0.0.1")), nil)
+	sub, other := s.Subscribe("n1"), s.Subscribe("n2")
+	if s.Subscribers() != 2 {
+		t.Fatalf("%d subscribers, want 2", s.Subscribers())
+	}
+	sub.Close()
+	sub.Close() // idempotent
+	if s.Subscribers() != 1 {
+		t.Errorf("%d subscribers after Close, want 1", s.Subscribers())
+	}
+	first := s.Current()
+	s.Publish(services(simpleService(t, "a", "10.0.0.2")), nodes(buildNode(t, "n1", "b")))
+	if woken(sub) {
+		t.Error("closed subscription woken")
+	}
+	if w, p := sub.Take(); w != first || p.Len() != 0 || p.Overflow {
+		t.Errorf("closed subscription recorded: world revision %d, pending %+v", w.Revision, p)
+	}
+	if !woken(other) {
+		t.Error("open subscription not woken")
+	}
+}
+
+func TestStoreRemoval(t *testing.T) {
+	s := NewStore(testMaxPending)
+	a, b := simpleService(t, "a", "10.0.0.1"), simpleService(t, "b", "10.0.0.2")
+	s.Publish(services(a, b), nil)
+	before := s.Current()
+	sub := s.Subscribe("n1")
+
+	if gs, _ := s.Publish(removed(key("a")), nil); gs != 1 {
+		t.Errorf("removal changed %d services, want 1", gs)
+	}
+	w := s.Current()
+	if w.Service(key("a")) != nil || w.Len() != 1 || !slices.Equal(w.Keys(), []string{key("b")}) {
+		t.Errorf("world after removal: len %d keys %v, want only %s", w.Len(), w.Keys(), key("b"))
+	}
+	if before.Service(key("a")) != a || before.Len() != 2 || !slices.Equal(before.Keys(), []string{key("a"), key("b")}) {
+		t.Error("removal modified the previous world")
+	}
+	if !woken(sub) {
+		t.Fatal("not woken by a removal")
+	}
+	_, p := sub.Take()
+	checkPending(t, p, map[string]*compute.Service{key("a"): a})
+}

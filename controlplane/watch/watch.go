@@ -1,0 +1,258 @@
+// Package watch feeds the table store from the API server: one informer
+// each on Services, EndpointSlices and Nodes, whatever the number of nodes.
+//
+// Event handlers only record which Service or Node changed; one goroutine
+// (Run's) recomputes those from the informer caches and publishes them, so
+// a burst of events on one Service costs one computation, and a change to
+// one Service or EndpointSlice recomputes that Service only.
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/metrics"
+	"github.com/proxyplane/proxyplane/controlplane/table"
+)
+
+const byService = "service"
+
+// Watcher keeps a table.Store in step with the API server.
+type Watcher struct {
+	store *table.Store
+	log   *slog.Logger
+
+	factory, nodeFactory informers.SharedInformerFactory
+	services, slices     cache.SharedIndexInformer
+	nodes                cache.SharedIndexInformer
+
+	mu           sync.Mutex // guards the dirty sets
+	dirtySvcs    map[string]bool
+	dirtyNodes   map[string]bool
+	wake         chan struct{} // capacity 1
+	handlerError error         // first error registering handlers
+}
+
+// New sets up the informers. resync is the informers' resync period (0
+// disables it; the store ignores resyncs that change nothing anyway).
+func New(client kubernetes.Interface, store *table.Store, resync time.Duration, log *slog.Logger) (*Watcher, error) {
+	w := &Watcher{
+		store: store, log: log,
+		dirtySvcs: map[string]bool{}, dirtyNodes: map[string]bool{},
+		wake: make(chan struct{}, 1),
+	}
+	// kube-proxy's filter, applied by the API server: Services handled by
+	// another proxy, and slices of headless Services, never reach us.
+	noProxyName, err := labels.NewRequirement(compute.LabelServiceProxyName, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building label selector: %w", err)
+	}
+	noHeadless, err := labels.NewRequirement(corev1.IsHeadlessService, selection.DoesNotExist, nil)
+	if err != nil {
+		return nil, fmt.Errorf("building label selector: %w", err)
+	}
+	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	w.factory = informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	w.nodeFactory = informers.NewSharedInformerFactory(client, resync)
+
+	w.services = w.factory.Core().V1().Services().Informer()
+	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
+	w.nodes = w.nodeFactory.Core().V1().Nodes().Informer()
+	for _, inf := range []cache.SharedIndexInformer{w.services, w.slices, w.nodes} {
+		if err := inf.SetTransform(trim); err != nil {
+			return nil, fmt.Errorf("setting transform: %w", err)
+		}
+	}
+	if err := w.slices.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {
+		return nil, fmt.Errorf("adding slice index: %w", err)
+	}
+	w.handle(w.services, func(obj any) (string, bool) {
+		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		return key, err == nil
+	}, w.dirtySvcs)
+	w.handle(w.slices, func(obj any) (string, bool) {
+		keys, err := sliceService(obj)
+		return firstOf(keys), err == nil && len(keys) == 1
+	}, w.dirtySvcs)
+	w.handle(w.nodes, func(obj any) (string, bool) {
+		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+		return key, err == nil
+	}, w.dirtyNodes)
+	if w.handlerError != nil {
+		return nil, w.handlerError
+	}
+	return w, nil
+}
+
+// handle registers handlers that only mark key(obj) dirty.
+func (w *Watcher) handle(inf cache.SharedIndexInformer, key func(any) (string, bool), dirty map[string]bool) {
+	mark := func(obj any) {
+		k, ok := key(obj)
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		dirty[k] = true
+		w.mu.Unlock()
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
+	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    mark,
+		UpdateFunc: func(_, obj any) { mark(obj) },
+		DeleteFunc: mark,
+	})
+	if err != nil && w.handlerError == nil {
+		w.handlerError = fmt.Errorf("adding event handler: %w", err)
+	}
+}
+
+// Run starts the informers, waits for their caches, publishes the first
+// complete world, then keeps publishing changes until ctx ends.
+func (w *Watcher) Run(ctx context.Context) error {
+	w.factory.Start(ctx.Done())
+	w.nodeFactory.Start(ctx.Done())
+	defer w.factory.Shutdown()
+	defer w.nodeFactory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), w.services.HasSynced, w.slices.HasSynced, w.nodes.HasSynced) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return errors.New("informer caches did not sync")
+	}
+	w.log.Info("informer caches synced")
+	w.publish() // the first publish makes a world even when the cluster is empty
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.wake:
+			w.publish()
+		}
+	}
+}
+
+// publish recomputes everything marked dirty and publishes it.
+func (w *Watcher) publish() {
+	w.mu.Lock()
+	svcKeys, nodeNames := w.dirtySvcs, w.dirtyNodes
+	w.dirtySvcs, w.dirtyNodes = map[string]bool{}, map[string]bool{}
+	w.mu.Unlock()
+
+	start := time.Now()
+	services := make(map[string]*compute.Service, len(svcKeys))
+	for key := range svcKeys {
+		svc, err := w.service(key)
+		if err != nil {
+			// Keep the last good state: leave the key out of the publish.
+			metrics.ComputeErrorsTotal.Inc()
+			w.log.Error("service not updated, keeping its last good state", "service", key, "err", err)
+			continue
+		}
+		services[key] = svc
+	}
+	nodes := make(map[string]*compute.Node, len(nodeNames))
+	for name := range nodeNames {
+		obj, exists, err := w.nodes.GetStore().GetByKey(name)
+		switch {
+		case err != nil:
+			w.log.Error("reading node from cache", "node", name, "err", err)
+		case exists:
+			nodes[name] = compute.BuildNode(name, obj.(*corev1.Node))
+		default:
+			nodes[name] = nil
+		}
+	}
+	ns, nn := w.store.Publish(services, nodes)
+	metrics.ComputeDurationSeconds.Observe(time.Since(start).Seconds())
+	metrics.Services.Set(float64(w.store.Current().Len()))
+	if ns+nn > 0 {
+		w.log.Debug("published", "services", ns, "nodes", nn, "took", time.Since(start))
+	}
+}
+
+// service computes the Service under key from the caches; nil means the
+// Service is gone or skipped.
+func (w *Watcher) service(key string) (*compute.Service, error) {
+	obj, exists, err := w.services.GetStore().GetByKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("reading service from cache: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	svc := obj.(*corev1.Service)
+	if reason := compute.SkipReason(svc); reason != "" {
+		w.log.Debug("skipping service", "service", key, "reason", reason)
+		return nil, nil
+	}
+	objs, err := w.slices.GetIndexer().ByIndex(byService, key)
+	if err != nil {
+		return nil, fmt.Errorf("reading slices from cache: %w", err)
+	}
+	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		slices = append(slices, o.(*discoveryv1.EndpointSlice))
+	}
+	return compute.Build(svc, slices)
+}
+
+// sliceService indexes a slice by its Service's key.
+func sliceService(obj any) ([]string, error) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return nil, fmt.Errorf("unexpected %T in the slice informer", obj)
+	}
+	name := s.Labels[discoveryv1.LabelServiceName]
+	if name == "" {
+		return nil, nil // not owned by a Service: kube-proxy ignores it too
+	}
+	return []string{compute.Key(s.Namespace, name)}, nil
+}
+
+// trim drops what the control plane never reads, so that caches of
+// thousands of Nodes stay small: managed fields everywhere, and all of a
+// Node but its name, zone label and pod CIDRs.
+func trim(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Node:
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+			Name: o.Name, ResourceVersion: o.ResourceVersion, UID: o.UID,
+		}}
+		if zone, ok := o.Labels[corev1.LabelTopologyZone]; ok {
+			n.Labels = map[string]string{corev1.LabelTopologyZone: zone}
+		}
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = o.Spec.PodCIDR, o.Spec.PodCIDRs
+		return n, nil
+	case metav1.Object:
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func firstOf(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[0]
+}
