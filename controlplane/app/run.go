@@ -84,7 +84,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		case <-time.After(shutdownGrace):
 			gs.Stop()
 		}
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		// ctx is done by now; the shutdown needs a deadline of its own.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 		defer cancel()
 		return hs.Shutdown(sctx)
 	})
@@ -95,7 +96,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // health service (SERVING once the first world is published) and server
 // reflection, so that grpcurl can list, describe and stream.
 func NewGRPCServer(store *table.Store, o *Options, log *slog.Logger) *grpc.Server {
-	opts := append(server.ServerOptions(),
+	opts := append(server.GRPCOptions(),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
 		grpc.MaxConcurrentStreams(o.MaxStreamsPerConnection),

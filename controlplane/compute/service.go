@@ -32,7 +32,8 @@ var ErrInvalidService = errors.New("invalid service")
 // Skipped Services are absent from every table.
 func SkipReason(svc *corev1.Service) string {
 	switch {
-	case svc.Labels[LabelServiceProxyName] != "":
+	case hasLabel(svc, LabelServiceProxyName):
+		// Any value, even empty, as the informers' DoesNotExist selector.
 		return "labelled " + LabelServiceProxyName
 	case svc.Spec.Type == corev1.ServiceTypeExternalName:
 		return "type ExternalName"
@@ -43,6 +44,8 @@ func SkipReason(svc *corev1.Service) string {
 	}
 	return ""
 }
+
+func hasLabel(svc *corev1.Service, l string) bool { _, ok := svc.Labels[l]; return ok }
 
 // Key returns the table key of a Service: "namespace/name".
 func Key(namespace, name string) string { return namespace + "/" + name }
@@ -69,12 +72,12 @@ func (e *endpoint) proto() *pb.Endpoint {
 // traffic policies it uses (upstream's UsesClusterEndpoints and
 // UsesLocalEndpoints).
 type servicePort struct {
-	name                    string
-	usesCluster, usesLocal  bool
-	endpoints               []endpoint // sorted by address, then port
-	allReadyHaveZoneHints   bool
-	allReadyHaveNodeHints   bool
-	hasEndpointsAnywhere    bool
+	name                   string
+	usesCluster, usesLocal bool
+	endpoints              []endpoint // sorted by address, then port
+	allReadyHaveZoneHints  bool
+	allReadyHaveNodeHints  bool
+	hasEndpointsAnywhere   bool
 }
 
 // Build computes the table views of svc from its EndpointSlices. svc must
@@ -90,7 +93,7 @@ func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, 
 	externalLocal := base.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	internalLocal := base.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 
-	sorted := sortedSlices(slices)
+	sorted := sortedSlices(slices, base.ClusterIps)
 	ports := make([]servicePort, len(base.Ports))
 	for i, p := range base.Ports {
 		portExternal := externallyAccessible || p.NodePort != 0
@@ -216,7 +219,7 @@ func frontend(svc *corev1.Service) (*pb.Service, error) {
 }
 
 var protocols = map[corev1.Protocol]pb.Protocol{
-	"":                 pb.Protocol_PROTOCOL_TCP, // the API server defaults it
+	"":                  pb.Protocol_PROTOCOL_TCP, // the API server defaults it
 	corev1.ProtocolTCP:  pb.Protocol_PROTOCOL_TCP,
 	corev1.ProtocolUDP:  pb.Protocol_PROTOCOL_UDP,
 	corev1.ProtocolSCTP: pb.Protocol_PROTOCOL_SCTP,
@@ -234,12 +237,21 @@ func parseIPs(field string, in []string) ([]string, error) {
 	return out, nil
 }
 
-// sortedSlices drops slices kube-proxy ignores and orders the rest by name,
-// so that merging them is deterministic.
-func sortedSlices(in []*discoveryv1.EndpointSlice) []*discoveryv1.EndpointSlice {
+// sortedSlices keeps the slices of the Service's IP families (upstream runs
+// one proxier per family, and each ignores the other family's slices and
+// FQDN ones) and orders them by name, so that merging is deterministic.
+func sortedSlices(in []*discoveryv1.EndpointSlice, clusterIPs []string) []*discoveryv1.EndpointSlice {
+	families := map[discoveryv1.AddressType]bool{}
+	for _, ip := range clusterIPs {
+		if netip.MustParseAddr(ip).Is4() {
+			families[discoveryv1.AddressTypeIPv4] = true
+		} else {
+			families[discoveryv1.AddressTypeIPv6] = true
+		}
+	}
 	out := make([]*discoveryv1.EndpointSlice, 0, len(in))
 	for _, s := range in {
-		if s.AddressType == discoveryv1.AddressTypeIPv4 || s.AddressType == discoveryv1.AddressTypeIPv6 {
+		if families[s.AddressType] {
 			out = append(out, s)
 		}
 	}
@@ -319,10 +331,11 @@ func portEndpoints(sorted []*discoveryv1.EndpointSlice, name string, protocol co
 	return out
 }
 
-// appendName adds a hint name, ignoring empty ones: an empty name would
-// match a node with no zone label.
+// appendName adds a hint name once. An empty name still counts as a hint
+// (as upstream's hint sets), but it never matches: nodes without a zone
+// label or name never use topology.
 func appendName(names []string, n string) []string {
-	if n == "" || !utf8.ValidString(n) || slices.Contains(names, n) {
+	if !utf8.ValidString(n) || slices.Contains(names, n) {
 		return names
 	}
 	return append(names, n)

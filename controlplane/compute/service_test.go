@@ -588,9 +588,14 @@ func TestBuildEndpoints(t *testing.T) {
 		},
 		{
 			name:    "IPv4 address in an IPv6 slice ignored",
+			svc:     newService(withClusterIPs("fd00:96::10")),
 			slices:  []*discoveryv1.EndpointSlice{newSlice("web-a", v6, httpPort(), ep("10.0.0.1"), ep("fd00::1"))},
 			want:    []*pb.PortEndpoints{wantPort("http", ready("fd00::1", 8080))},
 			wantHas: []bool{true},
+		},
+		{
+			name:   "IPv6 slice ignored by an IPv4-only service",
+			slices: []*discoveryv1.EndpointSlice{newSlice("web-a", v6, httpPort(), ep("fd00::1"))},
 		},
 		{
 			name:    "IPv4-mapped address in an IPv4 slice unmapped",

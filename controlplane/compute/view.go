@@ -1,6 +1,7 @@
 package compute
 
 import (
+	"encoding/binary"
 	"slices"
 	"sync"
 	"time"
@@ -73,12 +74,12 @@ func (s *Service) index() {
 			e := &p.endpoints[j]
 			if p.usesCluster && p.allReadyHaveNodeHints {
 				for _, n := range e.nodeHints {
-					s.hintedNodes[n] = true
+					s.hintedNodes[n] = n != ""
 				}
 			}
 			if p.usesCluster && p.allReadyHaveZoneHints {
 				for _, z := range e.zoneHints {
-					s.hintedZones[z] = true
+					s.hintedZones[z] = z != ""
 				}
 			}
 			if p.usesLocal && e.nodeName != "" && (e.ready || e.usableTerminating()) {
@@ -87,6 +88,8 @@ func (s *Service) index() {
 		}
 	}
 	s.shared, s.local = map[class]*Part{}, map[string]*Part{}
+	delete(s.hintedNodes, "")
+	delete(s.hintedZones, "")
 	if len(s.hintedNodes)+len(s.hintedZones)+len(s.localNodes) == 0 {
 		e := s.entry(class{}, "")
 		s.uniform = &e
@@ -242,28 +245,35 @@ func (s *Service) Equal(o *Service) bool {
 func (s *Service) inputHash() uint64 {
 	d := xxhash.New()
 	_, _ = d.Write(mustMarshal(s.base))
+	// Every variable-length field is length-prefixed, so that no two
+	// different inputs write the same bytes.
 	var b []byte
 	for i := range s.ports {
 		p := &s.ports[i]
-		b = append(b[:0], 0xff)
-		b = append(b, p.name...)
+		b = appendLenString(b[:0], p.name)
 		b = append(b, boolByte(p.usesCluster), boolByte(p.usesLocal))
+		b = binary.AppendUvarint(b, uint64(len(p.endpoints)))
 		_, _ = d.Write(b)
 		for j := range p.endpoints {
 			e := &p.endpoints[j]
-			b = e.addr.AppendTo(b[:0])
-			b = append(b, 0, byte(e.port>>8), byte(e.port), boolByte(e.ready), boolByte(e.serving), boolByte(e.terminating))
-			b = append(b, e.nodeName...)
-			for _, z := range e.zoneHints {
-				b = append(append(b, 1), z...)
-			}
-			for _, n := range e.nodeHints {
-				b = append(append(b, 2), n...)
+			b = appendLenString(b[:0], e.addr.String())
+			b = binary.AppendUvarint(b, uint64(e.port))
+			b = append(b, boolByte(e.ready), boolByte(e.serving), boolByte(e.terminating))
+			b = appendLenString(b, e.nodeName)
+			for _, hints := range [][]string{e.zoneHints, e.nodeHints} {
+				b = binary.AppendUvarint(b, uint64(len(hints)))
+				for _, h := range hints {
+					b = appendLenString(b, h)
+				}
 			}
 			_, _ = d.Write(b)
 		}
 	}
 	return d.Sum64()
+}
+
+func appendLenString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
 func boolByte(v bool) byte {

@@ -15,9 +15,9 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // waitFor bounds every wait in these tests.
@@ -28,7 +28,7 @@ const waitFor = 10 * time.Second
 func newTestServer(t testing.TB, store *table.Store, opts Options) (pb.TableServiceClient, *grpc.ClientConn, func(...grpc.DialOption) pb.TableServiceClient) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer(ServerOptions()...)
+	gs := grpc.NewServer(GRPCOptions()...)
 	New(store, opts, slog.New(slog.DiscardHandler)).Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
@@ -101,7 +101,7 @@ type agent struct {
 	stream grpc.BidiStreamingClient[pb.SyncRequest, pb.SyncResponse]
 	cancel context.CancelFunc
 	// What it holds, as a real agent would.
-	version string
+	version  string
 	entries  map[string]uint64
 	nodeHash uint64
 }

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // Errors that end a stream; each maps to a gRPC status at the edge.
@@ -40,9 +40,9 @@ func New(store *table.Store, opts Options, log *slog.Logger) *Server {
 	return &Server{store: store, opts: opts.withDefaults(), log: log, reg: newRegistry()}
 }
 
-// ServerOptions returns the grpc.ServerOptions the server relies on: the
+// GRPCOptions returns the grpc.ServerOptions the server relies on: the
 // codec that sends pre-encoded tables. Pass them to grpc.NewServer.
-func ServerOptions() []grpc.ServerOption {
+func GRPCOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
 }
 

@@ -8,9 +8,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/metrics"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // registry holds each node's sync status on this replica, and the stream

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
-	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // cluster publishes services a and b and returns the store.
@@ -217,6 +217,7 @@ func TestMalformedMessagesCloseOnlyThatStream(t *testing.T) {
 		first func(t *testing.T) error
 	}{
 		{"garbage bytes", func(t *testing.T) error {
+			t.Helper()
 			desc := &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
 			s, err := conn.NewStream(context.Background(), desc, pb.TableService_Sync_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
 			if err != nil {
@@ -228,30 +229,35 @@ func TestMalformedMessagesCloseOnlyThatStream(t *testing.T) {
 			return s.RecvMsg(new([]byte))
 		}},
 		{"ack before hello", func(t *testing.T) error {
+			t.Helper()
 			s, _ := client.Sync(context.Background())
 			_ = s.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: "0000000000000000", Nonce: "1"}}})
 			_, err := s.Recv()
 			return err
 		}},
 		{"bad node name", func(t *testing.T) error {
+			t.Helper()
 			s, _ := client.Sync(context.Background())
 			_ = s.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "Not A Node!"}}})
 			_, err := s.Recv()
 			return err
 		}},
 		{"bad held version", func(t *testing.T) error {
+			t.Helper()
 			s, _ := client.Sync(context.Background())
 			_ = s.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n", Version: "xyz"}}})
 			_, err := s.Recv()
 			return err
 		}},
 		{"ack with a wrong nonce", func(t *testing.T) error {
+			t.Helper()
 			a := connect(t, client, &pb.Hello{NodeName: "wrong-nonce"})
 			r := a.recv()
 			a.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: r.GetSnapshot().GetVersion(), Nonce: "999"}}})
 			return a.recvErr()
 		}},
 		{"empty request", func(t *testing.T) error {
+			t.Helper()
 			a := connect(t, client, &pb.Hello{NodeName: "empty"})
 			a.ack(a.recv())
 			a.send(&pb.SyncRequest{})

@@ -187,9 +187,11 @@ func TestCursorUnchangedViewSendsNothing(t *testing.T) {
 	}{{
 		name: "zone hinted endpoints of another zone",
 		before: func(t *testing.T) *compute.Service {
+			t.Helper()
 			return zonedService(t, "z", []string{"10.0.0.1"}, []string{"10.0.1.1"})
 		},
 		after: func(t *testing.T) *compute.Service {
+			t.Helper()
 			return zonedService(t, "z", []string{"10.0.0.1"}, []string{"10.0.1.1", "10.0.1.2"})
 		},
 		unchanged: "n1",
@@ -197,17 +199,23 @@ func TestCursorUnchangedViewSendsNothing(t *testing.T) {
 	}, {
 		name: "local endpoints of another node",
 		before: func(t *testing.T) *compute.Service {
+			t.Helper()
 			return buildService(t, svcSpec{name: "l", local: true, eps: []epSpec{{ip: "10.0.0.1", node: "n1"}, {ip: "10.0.1.1", node: "n3"}}})
 		},
 		after: func(t *testing.T) *compute.Service {
+			t.Helper()
 			return buildService(t, svcSpec{name: "l", local: true, eps: []epSpec{{ip: "10.0.0.1", node: "n1"}, {ip: "10.0.1.9", node: "n3"}}})
 		},
 		unchanged: "n1",
 		changed:   "n3",
 	}, {
-		name:   "an unready endpoint",
-		before: func(t *testing.T) *compute.Service { return simpleService(t, "u", "10.0.0.1") },
+		name: "an unready endpoint",
+		before: func(t *testing.T) *compute.Service {
+			t.Helper()
+			return simpleService(t, "u", "10.0.0.1")
+		},
 		after: func(t *testing.T) *compute.Service {
+			t.Helper()
 			return buildService(t, svcSpec{name: "u", eps: []epSpec{{ip: "10.0.0.1"}, {ip: "10.0.0.2", notReady: true}}})
 		},
 		unchanged: "n1",
@@ -384,6 +392,47 @@ func TestCursorNack(t *testing.T) {
 	p.ack(r2)
 	checkAgentCurrent(t, &p.agent, w, "n1")
 	p.expectNothing()
+}
+
+// TestCursorNackMemory checks how long a NACKed version stays unsent:
+// until the agent acknowledges another version.
+func TestCursorNackMemory(t *testing.T) {
+	s := NewStore(testMaxPending)
+	s.Publish(services(simpleService(t, "a", "10.0.0.1"), simpleService(t, "b", "10.0.0.2")), nodes(buildNode(t, "n1", "a")))
+	p := connect(t, s, "n1", Held{}, true, testMaxPending)
+	p.sync()
+
+	s.Publish(services(simpleService(t, "a", "10.0.0.11")), nil)
+	r1 := p.next()
+	if err := p.cur.Nack(r1.Version); err != nil {
+		t.Fatalf("nack: %v", err)
+	}
+	// b changes and changes back before the cursor looks: the table is
+	// the rejected one again, which is not sent.
+	s.Publish(services(simpleService(t, "b", "10.0.0.12")), nil)
+	s.Publish(services(simpleService(t, "b", "10.0.0.2")), nil)
+	if r := p.next(); r != nil {
+		t.Fatalf("the NACKed version %016x was sent again (got %016x)", r1.Version, r.Version)
+	}
+
+	// Once the agent acknowledges a newer table, the rejected version is
+	// an ordinary one: returning to it is a change like any other.
+	s.Publish(services(simpleService(t, "b", "10.0.0.12")), nil)
+	r2 := p.next()
+	if r2 == nil || r2.Version == r1.Version {
+		t.Fatal("no new response after a later change")
+	}
+	p.ack(r2)
+	s.Publish(services(simpleService(t, "b", "10.0.0.2")), nil)
+	r3 := p.next()
+	if r3 == nil {
+		t.Fatalf("after an ACK of %016x, a change back to the once-NACKed table %016x is not sent", r2.Version, r1.Version)
+	}
+	if r3.Version != r1.Version || r3.Base != r2.Version {
+		t.Errorf("base %016x version %016x, want %016x to %016x", r3.Base, r3.Version, r2.Version, r1.Version)
+	}
+	p.ack(r3)
+	checkAgentCurrent(t, &p.agent, s.Current(), "n1")
 }
 
 func TestCursorNackWithChangesInFlight(t *testing.T) {

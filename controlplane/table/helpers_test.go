@@ -1,6 +1,7 @@
 package table
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -271,19 +272,40 @@ type agent struct {
 func (a *agent) apply(t *testing.T, r *Response) {
 	t.Helper()
 	if r.Snapshot {
-		s := decodeSnapshot(t, r)
+		decodeSnapshot(t, r)
+	} else {
+		decodeDelta(t, r)
+	}
+	if err := a.applyErr(r); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// applyErr is apply for goroutines other than the test's.
+func (a *agent) applyErr(r *Response) error {
+	if r.Snapshot {
+		var s pb.Snapshot
+		if err := proto.Unmarshal(r.Body, &s); err != nil {
+			return fmt.Errorf("unmarshal snapshot: %w", err)
+		}
+		if !slices.IsSorted(entryKeys(s.GetEntries())) {
+			return fmt.Errorf("snapshot entries not sorted: %v", entryKeys(s.GetEntries()))
+		}
 		a.node = s.GetNode()
 		a.entries = map[string]uint64{}
 		for _, e := range s.GetEntries() {
 			a.entries[e.GetKey()] = e.GetHash()
 		}
-		if !slices.IsSorted(entryKeys(s.GetEntries())) {
-			t.Errorf("snapshot entries not sorted: %v", entryKeys(s.GetEntries()))
-		}
 	} else {
-		d := decodeDelta(t, r)
-		if !a.has || r.Base != a.version {
-			t.Fatalf("delta from %016x applied to held version %016x (held: %v)", r.Base, a.version, a.has)
+		var d pb.Delta
+		if err := proto.Unmarshal(r.Body, &d); err != nil {
+			return fmt.Errorf("unmarshal delta: %w", err)
+		}
+		if !a.has || r.Base != a.version || d.GetBaseVersion() != compute.FormatVersion(a.version) {
+			return fmt.Errorf("delta from %s applied to held version %016x (held: %v)", d.GetBaseVersion(), a.version, a.has)
+		}
+		if !slices.IsSorted(entryKeys(d.GetUpserts())) || !slices.IsSorted(d.GetRemovals()) {
+			return fmt.Errorf("delta not sorted: upserts %v, removals %v", entryKeys(d.GetUpserts()), d.GetRemovals())
 		}
 		if d.Node != nil {
 			a.node = d.GetNode()
@@ -293,18 +315,16 @@ func (a *agent) apply(t *testing.T, r *Response) {
 		}
 		for _, k := range d.GetRemovals() {
 			if _, ok := a.entries[k]; !ok {
-				t.Errorf("delta removes %q, which the agent does not hold", k)
+				return fmt.Errorf("delta removes %q, which the agent does not hold", k)
 			}
 			delete(a.entries, k)
 		}
-		if !slices.IsSorted(entryKeys(d.GetUpserts())) || !slices.IsSorted(d.GetRemovals()) {
-			t.Errorf("delta not sorted: upserts %v, removals %v", entryKeys(d.GetUpserts()), d.GetRemovals())
-		}
 	}
 	if a.sum() != r.Version {
-		t.Fatalf("after applying: entries add up to %016x, response version %016x", a.sum(), r.Version)
+		return fmt.Errorf("after applying: entries add up to %016x, response version %016x", a.sum(), r.Version)
 	}
 	a.version, a.has = r.Version, true
+	return nil
 }
 
 // sum is the version the agent's entries and node add up to.

@@ -1,6 +1,7 @@
 package table
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"testing"
@@ -115,13 +116,17 @@ func TestStoreEqualPublishWakesNobody(t *testing.T) {
 		nodes    func(t *testing.T) map[string]*compute.Node
 	}{
 		{
-			name:     "rebuilt equal service",
-			services: func(t *testing.T) map[string]*compute.Service { return services(simpleService(t, "a", "10.0.0.1")) },
+			name: "rebuilt equal service",
+			services: func(t *testing.T) map[string]*compute.Service {
+				t.Helper()
+				return services(simpleService(t, "a", "10.0.0.1"))
+			},
 		},
 		{
 			// The trigger time is not part of any view.
 			name: "only the trigger time differs",
 			services: func(t *testing.T) map[string]*compute.Service {
+				t.Helper()
 				return services(buildService(t, svcSpec{name: "a", trigger: "2025-03-01T10:00:00Z", eps: []epSpec{{ip: "10.0.0.1"}}}))
 			},
 		},
@@ -130,8 +135,11 @@ func TestStoreEqualPublishWakesNobody(t *testing.T) {
 			services: func(*testing.T) map[string]*compute.Service { return removed(key("nope")) },
 		},
 		{
-			name:  "rebuilt equal node",
-			nodes: func(t *testing.T) map[string]*compute.Node { return nodes(buildNode(t, "n1", "a")) },
+			name: "rebuilt equal node",
+			nodes: func(t *testing.T) map[string]*compute.Node {
+				t.Helper()
+				return nodes(buildNode(t, "n1", "a"))
+			},
 		},
 		{
 			name:  "removal of an unknown node",
@@ -363,4 +371,91 @@ func TestStoreRemoval(t *testing.T) {
 	}
 	_, p := sub.Take()
 	checkPending(t, p, map[string]*compute.Service{key("a"): a})
+}
+
+// TestStoreConcurrentSubscribers runs a publisher and one stream goroutine
+// per agent at once (for the race detector) and checks that every agent
+// ends with its node's table of the last world.
+func TestStoreConcurrentSubscribers(t *testing.T) {
+	const changes = 200
+	s := NewStore(4)
+	s.Publish(services(simpleService(t, "a", "10.0.0.1")),
+		nodes(buildNode(t, "n1", "a"), buildNode(t, "n2", "b"), buildNode(t, "n3", "a")))
+
+	// Build every state up front: t.Fatal belongs to the test goroutine.
+	var states []map[string]*compute.Service
+	for i := range changes {
+		name := fmt.Sprintf("s%d", i%7)
+		switch {
+		case i%11 == 10:
+			states = append(states, removed(key(name)))
+		case i%3 == 0:
+			states = append(states, services(zonedService(t, name, []string{fmt.Sprintf("10.1.0.%d", i)}, []string{"10.2.0.1"})))
+		default:
+			states = append(states, services(simpleService(t, name, fmt.Sprintf("10.0.%d.%d", i%7, i))))
+		}
+	}
+
+	type result struct {
+		node  string
+		agent agent
+		err   error
+	}
+	names := []string{"n1", "n2", "n3"}
+	done := make(chan struct{})
+	results := make(chan result, len(names))
+	for _, name := range names {
+		sub := s.Subscribe(name)
+		t.Cleanup(sub.Close)
+		go func() {
+			res := result{node: name}
+			defer func() { results <- res }()
+			w, p := sub.Take()
+			c, err := NewCursor(name, w, Held{}, true, 4)
+			if err != nil {
+				res.err = err
+				return
+			}
+			c.Update(w, p)
+			a := &res.agent
+			step := func() error {
+				for r := c.Next(); r != nil; r = c.Next() {
+					if err := a.applyErr(r); err != nil {
+						return err
+					}
+					if err := c.Ack(r.Version); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			for {
+				select {
+				case <-sub.Wake():
+				case <-done:
+					// The last publish happened before done closed.
+					w, p := sub.Take()
+					c.Update(w, p)
+					res.err = step()
+					return
+				}
+				w, p := sub.Take()
+				c.Update(w, p)
+				if res.err = step(); res.err != nil {
+					return
+				}
+			}
+		}()
+	}
+	for _, st := range states {
+		s.Publish(st, nil)
+	}
+	close(done)
+	for range names {
+		res := <-results
+		if res.err != nil {
+			t.Fatalf("agent of %s: %v", res.node, res.err)
+		}
+		checkAgentCurrent(t, &res.agent, s.Current(), res.node)
+	}
 }

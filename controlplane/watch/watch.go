@@ -84,30 +84,42 @@ func New(client kubernetes.Interface, store *table.Store, resync time.Duration, 
 	w.handle(w.services, func(obj any) (string, bool) {
 		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 		return key, err == nil
-	}, w.dirtySvcs)
+	}, kindService)
 	w.handle(w.slices, func(obj any) (string, bool) {
 		keys, err := sliceService(obj)
 		return firstOf(keys), err == nil && len(keys) == 1
-	}, w.dirtySvcs)
+	}, kindService)
 	w.handle(w.nodes, func(obj any) (string, bool) {
 		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 		return key, err == nil
-	}, w.dirtyNodes)
+	}, kindNode)
 	if w.handlerError != nil {
 		return nil, w.handlerError
 	}
 	return w, nil
 }
 
-// handle registers handlers that only mark key(obj) dirty.
-func (w *Watcher) handle(inf cache.SharedIndexInformer, key func(any) (string, bool), dirty map[string]bool) {
+type kind int
+
+const (
+	kindService kind = iota
+	kindNode
+)
+
+// handle registers handlers that only mark key(obj) dirty. They look the
+// dirty set up on every event: publish replaces it with a fresh one.
+func (w *Watcher) handle(inf cache.SharedIndexInformer, key func(any) (string, bool), k kind) {
 	mark := func(obj any) {
-		k, ok := key(obj)
+		name, ok := key(obj)
 		if !ok {
 			return
 		}
 		w.mu.Lock()
-		dirty[k] = true
+		if k == kindNode {
+			w.dirtyNodes[name] = true
+		} else {
+			w.dirtySvcs[name] = true
+		}
 		w.mu.Unlock()
 		select {
 		case w.wake <- struct{}{}:
