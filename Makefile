@@ -15,7 +15,7 @@ TOOLS := github.com/bufbuild/buf/cmd/buf \
 GO_PACKAGES := ./...
 BENCH_COUNT ?= 6
 
-.PHONY: all tools generate check-generated buf-lint buf-breaking lint vet test unit bench build demo clean
+.PHONY: all tools generate check-generated buf-lint buf-breaking lint vet test unit bench build run clean
 
 all: build
 
@@ -24,6 +24,11 @@ tools:
 
 build:
 	go build -o $(BIN)/ ./controlplane
+
+# run starts the control plane against the cluster in $(KUBECONFIG).
+KUBECONFIG ?= $(HOME)/.kube/config
+run: build
+	$(BIN)/controlplane --kubeconfig=$(KUBECONFIG) --grpc-address=127.0.0.1:9640 --metrics-address=127.0.0.1:9641
 
 generate: tools
 	rm -rf gen
@@ -52,13 +57,16 @@ vet:
 lint: tools
 	golangci-lint run $(GO_PACKAGES)
 
-unit:
+# unit needs the tools: the grpcurl test runs the real grpcurl.
+unit: tools
 	go test -race -count=1 $(GO_PACKAGES)
 
 test: check-generated buf-lint buf-breaking vet lint unit
 
+# bench runs the control plane benchmarks; docs/benchmarks.md records them.
 bench: tools
-	./hack/bench.sh $(BENCH_COUNT)
+	go test -run '^$$' -bench . -benchmem -benchtime=20x -count=$(BENCH_COUNT) ./controlplane/table/ ./controlplane/server/ | tee bench.out
+	benchstat bench.out
 
 clean:
 	rm -rf $(BIN)
