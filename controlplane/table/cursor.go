@@ -202,19 +202,25 @@ func (c *Cursor) Nack(v uint64) error {
 
 func (c *Cursor) snapshot(node *compute.Node) *Response {
 	r := &Response{Snapshot: true, Version: node.Hash}
-	var entries []byte
-	for _, k := range c.world.Keys() {
+	keys := c.world.Keys()
+	entries := make([]compute.Entry, len(keys))
+	size := len(node.Bytes) + 32
+	for i, k := range keys {
 		svc := c.world.Service(k)
-		e := svc.EntryFor(node)
-		r.Version += e.Hash
-		entries = appendEntry(entries, snapEntries, k, e, svc.TriggerTime)
+		entries[i] = svc.EntryFor(node)
+		r.Version += entries[i].Hash
+		size += entries[i].Size() + len(k) + 48 // tags, lengths, hash, trigger time
 		r.noteTrigger(svc.TriggerTime)
 	}
-	r.Upserts = c.world.Len()
-	body := make([]byte, 0, len(entries)+len(node.Bytes)+32)
+	// The version leads the message, so it is summed first; sizing the
+	// buffer up front saves regrowing it for a multi-megabyte table.
+	body := make([]byte, 0, size)
 	body = appendString(body, snapVersion, compute.FormatVersion(r.Version))
 	body = appendMessage(body, snapNode, node.Bytes)
-	r.Body = append(body, entries...)
+	for i, k := range keys {
+		body = appendEntry(body, snapEntries, k, entries[i], c.world.Service(k).TriggerTime)
+	}
+	r.Body, r.Upserts = body, len(keys)
 	return r
 }
 
