@@ -1,0 +1,206 @@
+// Package agent is the node agent's core: one goroutine owns the table in
+// force, the cache and the dataplane. Each table response is validated,
+// persisted, programmed, and only then reported as applied (for the ACK);
+// a failure at any step leaves the previous table in force in the kernel
+// and in the cache (for the NACK).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/metrics"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+// Store persists tables; cache.Cache implements it. Save writes a table
+// atomically: entirely or not at all.
+type Store interface {
+	Save(t *proxytable.Table, changed []string, full bool) error
+}
+
+// Config configures an Agent.
+type Config struct {
+	// SyncPeriod is the interval between full syncs, which repair rules
+	// changed behind the agent's back.
+	SyncPeriod time.Duration
+	// RetryMin and RetryMax bound the backoff of a failed full sync.
+	RetryMin, RetryMax time.Duration
+}
+
+// Agent owns the table in force. Create it with New and run it with Run.
+type Agent struct {
+	cfg    Config
+	dp     dataplane.Dataplane
+	store  Store
+	log    *slog.Logger
+	health *Health
+	reqs   chan request
+	held   atomic.Pointer[proxytable.Table] // the table in force, for hellos
+}
+
+type request struct {
+	resp  *pb.SyncResponse
+	reply chan error
+}
+
+// New returns an agent starting from cached, the table loaded from the
+// cache (nil when none). Run programs it before anything else.
+func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Table, log *slog.Logger) *Agent {
+	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: NewHealth(2 * cfg.SyncPeriod), reqs: make(chan request)}
+	if cached == nil {
+		cached = proxytable.Empty()
+	}
+	a.held.Store(cached)
+	return a
+}
+
+// Health reports the agent's sync health for /healthz and /livez.
+func (a *Agent) Health() *Health { return a.health }
+
+// Held returns the table in force: programmed, persisted, and what the
+// agent tells a control plane it holds. Safe for concurrent use.
+func (a *Agent) Held() *proxytable.Table { return a.held.Load() }
+
+// Apply validates, persists and programs a Snapshot or Delta response and
+// returns the version now in force. On error nothing changed: the caller
+// NACKs. Safe for concurrent use; responses are applied one at a time.
+func (a *Agent) Apply(ctx context.Context, resp *pb.SyncResponse) (string, error) {
+	req := request{resp: resp, reply: make(chan error, 1)}
+	select {
+	case a.reqs <- req:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	select {
+	case err := <-req.reply:
+		return a.Held().Version, err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// Run programs the cached table, then applies responses and runs periodic
+// full syncs until ctx ends. It never flushes rules: a table that cannot
+// be programmed leaves the kernel as it was, and is retried.
+func (a *Agent) Run(ctx context.Context) error {
+	retry := a.cfg.RetryMin
+	timer := time.NewTimer(a.cfg.SyncPeriod)
+	defer timer.Stop()
+	if a.Held().Version != "" {
+		timer.Reset(0) // program the cached table before anything else
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case req := <-a.reqs:
+			req.reply <- a.apply(ctx, req.resp)
+		case <-timer.C:
+			if a.Held().Version == "" {
+				// No table at all (no cache): leave the kernel alone
+				// rather than flush rules nothing can replace.
+				timer.Reset(a.cfg.SyncPeriod)
+				continue
+			}
+			if err := a.sync(ctx, a.Held(), nil, true); err != nil {
+				a.log.Error("full sync failed; previous rules stay in force", "err", err, "retryIn", retry)
+				timer.Reset(retry)
+				retry = min(2*retry, a.cfg.RetryMax)
+				continue
+			}
+			retry = a.cfg.RetryMin
+			timer.Reset(a.cfg.SyncPeriod)
+		}
+	}
+}
+
+// apply is Apply's work, on the Run goroutine.
+func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
+	cur := a.Held()
+	var next *proxytable.Table
+	var changed []string
+	var err error
+	switch {
+	case resp.GetSnapshot() != nil:
+		next, err = proxytable.FromSnapshot(resp.GetSnapshot())
+	case resp.GetDelta() != nil:
+		next, changed, err = cur.Apply(resp.GetDelta())
+	default:
+		err = fmt.Errorf("%w: not a table response", proxytable.ErrInvalidTable)
+	}
+	if err != nil {
+		return err // nothing to program: health is unaffected
+	}
+	a.health.Queued(time.Now())
+	full := changed == nil
+	if err := a.store.Save(next, changed, full); err != nil {
+		return fmt.Errorf("persisting table: %w", err)
+	}
+	if err := a.sync(ctx, next, changed, full); err != nil {
+		// The kernel kept the previous rules; make the cache agree.
+		if rerr := a.store.Save(cur, changed, full); rerr != nil {
+			a.log.Error("restoring the cache after a failed sync", "err", rerr)
+		}
+		return fmt.Errorf("programming table: %w", err)
+	}
+	if !full {
+		observeTriggerTimes(resp.GetDelta().GetUpserts())
+	}
+	metrics.CacheSavedTimestamp.SetToCurrentTime()
+	return nil
+}
+
+// sync programs t and, on success, makes it the table in force.
+func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error {
+	start := time.Now()
+	if err := a.dp.Sync(ctx, t, changed, full); err != nil {
+		return err
+	}
+	took := time.Since(start).Seconds()
+	metrics.SyncProxyRulesDuration.Observe(took)
+	if full {
+		metrics.SyncFullProxyRulesDuration.Observe(took)
+	} else {
+		metrics.SyncPartialProxyRulesDuration.Observe(took)
+	}
+	metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
+	if prev := a.held.Swap(t); prev.Version != t.Version {
+		metrics.AppliedVersion.Reset()
+		metrics.AppliedVersion.WithLabelValues(t.Version).Set(1)
+	}
+	a.health.Updated(time.Now())
+	a.log.Debug("synced", "version", t.Version, "services", len(t.Entries), "full", full, "changed", len(changed), "took", time.Since(start))
+	return nil
+}
+
+// observeTriggerTimes records network programming latency for changed
+// entries, as kube-proxy does from the endpoints' trigger time.
+func observeTriggerTimes(entries []*pb.ServiceEntry) {
+	now := time.Now()
+	for _, e := range entries {
+		if ts := e.GetTriggerTime(); ts != nil && ts.IsValid() {
+			metrics.NetworkProgrammingDuration.Observe(now.Sub(ts.AsTime()).Seconds())
+		}
+	}
+}
+
+// NackDetail splits an Apply error into the NACK's message and entry
+// errors.
+func NackDetail(err error) (string, []*pb.EntryError) {
+	var ve *proxytable.ValidationError
+	if !errors.As(err, &ve) {
+		return err.Error(), nil
+	}
+	out := make([]*pb.EntryError, 0, len(ve.Entries))
+	for _, e := range ve.Entries {
+		out = append(out, &pb.EntryError{Key: e.Key, Error: e.Err.Error()})
+	}
+	return err.Error(), out
+}

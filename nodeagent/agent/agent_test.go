@@ -1,0 +1,223 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+// recorder is a fake dataplane and store that logs calls in order.
+type recorder struct {
+	mu       sync.Mutex
+	calls    []string
+	syncErr  error
+	synced   chan string // receives the version of each successful sync
+	lastSave *proxytable.Table
+}
+
+func newRecorder() *recorder { return &recorder{synced: make(chan string, 16)} }
+
+func (r *recorder) Sync(_ context.Context, t *proxytable.Table, changed []string, full bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, fmt.Sprintf("sync %s full=%v changed=%v", t.Version, full, changed))
+	if r.syncErr != nil {
+		return r.syncErr
+	}
+	r.synced <- t.Version
+	return nil
+}
+
+func (r *recorder) Save(t *proxytable.Table, changed []string, full bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, fmt.Sprintf("save %s full=%v changed=%v", t.Version, full, changed))
+	r.lastSave = t
+	return nil
+}
+
+func (r *recorder) failSyncs(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.syncErr = err
+}
+
+func (r *recorder) log() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.calls)
+}
+
+func entry(name string, hash uint64, port int32) *pb.ServiceEntry {
+	return &pb.ServiceEntry{Key: "default/" + name, Hash: hash, Service: &pb.Service{
+		Namespace: "default", Name: name, ClusterIps: []string{"10.96.0.10"},
+		Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: port}},
+	}}
+}
+
+func version(node *pb.NodeInfo, entries ...*pb.ServiceEntry) string {
+	sum := node.GetHash()
+	for _, e := range entries {
+		sum += e.GetHash()
+	}
+	return fmt.Sprintf("%016x", sum)
+}
+
+var node = &pb.NodeInfo{Name: "node-1", Hash: 100}
+
+func snapshot(entries ...*pb.ServiceEntry) *pb.SyncResponse {
+	return &pb.SyncResponse{Nonce: "1", Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{
+		Version: version(node, entries...), Node: node, Entries: entries,
+	}}}
+}
+
+func run(t *testing.T, a *Agent) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func newAgent(r *recorder, cached *proxytable.Table) *Agent {
+	return New(Config{SyncPeriod: time.Hour, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond}, r, r, cached, slog.New(slog.DiscardHandler))
+}
+
+func TestCachedTableIsProgrammedFirst(t *testing.T) {
+	r := newRecorder()
+	a1 := entry("a", 1, 80)
+	cached, err := proxytable.FromSnapshot(snapshot(a1).GetSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, newAgent(r, cached))
+	select {
+	case v := <-r.synced:
+		if v != cached.Version {
+			t.Fatalf("first sync programmed %s, want the cached %s", v, cached.Version)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the cached table was never programmed")
+	}
+	if got := r.log(); len(got) != 1 || got[0] != fmt.Sprintf("sync %s full=true changed=[]", cached.Version) {
+		t.Errorf("calls = %v, want one full sync of the cache", got)
+	}
+}
+
+func TestApplyPersistsThenPrograms(t *testing.T) {
+	r := newRecorder()
+	a := newAgent(r, nil)
+	run(t, a)
+	first := snapshot(entry("a", 1, 80), entry("b", 2, 80))
+	if _, err := a.Apply(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	v1 := first.GetSnapshot().GetVersion()
+	b2 := entry("b", 5, 81)
+	v2 := version(node, entry("a", 1, 80), b2)
+	got, err := a.Apply(context.Background(), &pb.SyncResponse{Nonce: "2", Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{
+		BaseVersion: v1, Version: v2, Upserts: []*pb.ServiceEntry{b2},
+	}}})
+	if err != nil || got != v2 {
+		t.Fatalf("delta applied as %s, %v; want %s", got, err, v2)
+	}
+	want := []string{
+		"save " + v1 + " full=true changed=[]", "sync " + v1 + " full=true changed=[]",
+		"save " + v2 + " full=false changed=[default/b]", "sync " + v2 + " full=false changed=[default/b]",
+	}
+	if calls := r.log(); !slices.Equal(calls, want) {
+		t.Errorf("calls:\n%v\nwant:\n%v", calls, want)
+	}
+	if a.Held().Version != v2 {
+		t.Errorf("held %s, want %s", a.Held().Version, v2)
+	}
+}
+
+func TestRejectedTablesChangeNothing(t *testing.T) {
+	good := snapshot(entry("a", 1, 80))
+	cases := []struct {
+		name      string
+		resp      *pb.SyncResponse
+		syncErr   error
+		wantCalls int // after the good snapshot's two
+		entryErr  string
+	}{
+		{"bad version", &pb.SyncResponse{Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{Version: "0000000000000001", Node: node}}}, nil, 0, ""},
+		{"bad entry", snapshot(entry("x", 7, 0)), nil, 0, "default/x"},
+		{"delta on another base", &pb.SyncResponse{Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{BaseVersion: "ffffffffffffffff"}}}, nil, 0, ""},
+		// Persisted, failed to program, cache restored: three calls.
+		{"kernel refuses", snapshot(entry("c", 3, 80)), errors.New("iptables-restore: line 3 failed"), 3, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRecorder()
+			a := newAgent(r, nil)
+			run(t, a)
+			if _, err := a.Apply(context.Background(), good); err != nil {
+				t.Fatal(err)
+			}
+			r.failSyncs(tc.syncErr)
+			_, err := a.Apply(context.Background(), tc.resp)
+			if err == nil {
+				t.Fatal("accepted a table it must reject")
+			}
+			msg, entries := NackDetail(err)
+			if msg == "" || (tc.entryErr != "" && (len(entries) != 1 || entries[0].GetKey() != tc.entryErr)) {
+				t.Errorf("nack detail %q %v, want an entry error for %q", msg, entries, tc.entryErr)
+			}
+			if a.Held().Version != good.GetSnapshot().GetVersion() {
+				t.Errorf("held %s after a rejected table, want the previous %s", a.Held().Version, good.GetSnapshot().GetVersion())
+			}
+			if calls := r.log(); len(calls) != 2+tc.wantCalls {
+				t.Errorf("calls %v", calls)
+			}
+			if r.lastSave.Version != good.GetSnapshot().GetVersion() {
+				t.Errorf("cache holds %s, want the previous table", r.lastSave.Version)
+			}
+		})
+	}
+}
+
+func TestNoTableNoSync(t *testing.T) {
+	r := newRecorder()
+	a := New(Config{SyncPeriod: 20 * time.Millisecond, RetryMin: time.Millisecond, RetryMax: time.Millisecond}, r, r, nil, slog.New(slog.DiscardHandler))
+	run(t, a)
+	// Several periods pass; a table then arrives. Before it, nothing may
+	// have been programmed: an empty sync would flush the kernel.
+	time.Sleep(100 * time.Millisecond) //nolint:forbidigo // proving an absence needs time to pass
+	resp := snapshot(entry("a", 1, 80))
+	if _, err := a.Apply(context.Background(), resp); err != nil {
+		t.Fatal(err)
+	}
+	if calls := r.log(); calls[0] != "save "+resp.GetSnapshot().GetVersion()+" full=true changed=[]" {
+		t.Errorf("first call %q: something was programmed before any table existed", calls[0])
+	}
+}
+
+func TestHealth(t *testing.T) {
+	start := time.Unix(1000, 0)
+	h := &Health{timeout: time.Minute, oldestPending: start}
+	if ok, _ := h.Healthy(start.Add(59 * time.Second)); !ok {
+		t.Error("unhealthy before the timeout")
+	}
+	if ok, _ := h.Healthy(start.Add(61 * time.Second)); ok {
+		t.Error("healthy with a change pending past the timeout")
+	}
+	h.Updated(start.Add(70 * time.Second))
+	if ok, last := h.Healthy(start.Add(10 * time.Minute)); !ok || !last.Equal(start.Add(70*time.Second)) {
+		t.Errorf("after a sync: healthy=%v last=%v", ok, last)
+	}
+	h.Queued(start.Add(11 * time.Minute))
+	h.Queued(start.Add(12 * time.Minute)) // the oldest pending change counts
+	if ok, _ := h.Healthy(start.Add(12*time.Minute + 30*time.Second)); ok {
+		t.Error("healthy although the oldest pending change waited 90 s")
+	}
+}

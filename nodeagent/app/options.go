@@ -1,0 +1,178 @@
+// Package app wires the node agent binary: flags, the cache, the
+// dataplane, the agent, the control plane client and the operational
+// endpoints.
+package app
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Options configures the node agent. NewOptions sets the defaults, each
+// with its reason.
+type Options struct {
+	// ControlPlanes are the control plane addresses (host:port), tried in
+	// turn. They must not be a Service ClusterIP: the agent must reach the
+	// control plane without the rules it programs.
+	ControlPlanes []string
+	// NodeName is this node's name.
+	NodeName string
+	// StateDir holds the table cache.
+	StateDir string
+	// ProxyMode selects the dataplane.
+	ProxyMode string
+	// HealthzBindAddress serves /healthz and /livez.
+	HealthzBindAddress string
+	// MetricsBindAddress serves /metrics.
+	MetricsBindAddress string
+	// ClusterCIDRs are the pod CIDRs, for local-traffic detection in
+	// ClusterCIDR mode.
+	ClusterCIDRs []string
+	// DetectLocalMode is ClusterCIDR, NodeCIDR or None, as kube-proxy's.
+	DetectLocalMode string
+	// MasqueradeBit is the fwmark bit marking packets to masquerade.
+	MasqueradeBit int
+	// NodePortAddresses limits NodePorts to these CIDRs; empty means all
+	// local addresses.
+	NodePortAddresses []string
+	// SyncPeriod is the interval between full syncs.
+	SyncPeriod time.Duration
+	// IPTablesBackend is auto, nft or legacy.
+	IPTablesBackend string
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+}
+
+// NewOptions returns the defaults.
+func NewOptions() *Options {
+	name := os.Getenv("NODE_NAME")
+	if name == "" {
+		name, _ = os.Hostname()
+	}
+	return &Options{
+		NodeName: strings.ToLower(name),
+		StateDir: "/var/lib/proxyplane",
+		// The only dataplane built so far; nftables (kube-proxy's
+		// recommended mode) becomes the default when it exists.
+		ProxyMode: "iptables",
+		// kube-proxy's ports, so existing probes and scrapes keep working.
+		HealthzBindAddress: "0.0.0.0:10256",
+		MetricsBindAddress: "127.0.0.1:10249",
+		DetectLocalMode:    "ClusterCIDR",
+		// kube-proxy's default masquerade bit.
+		MasqueradeBit: 14,
+		// kube-proxy's default iptables syncPeriod.
+		SyncPeriod:      30 * time.Second,
+		IPTablesBackend: "auto",
+		LogLevel:        "info",
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP.")
+	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name (default: $NODE_NAME, else the hostname).")
+	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory holding the table cache.")
+	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Dataplane: iptables.")
+	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address serving /healthz and /livez.")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address serving /metrics.")
+	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "Pod CIDRs of the cluster, for --detect-local-mode=ClusterCIDR.")
+	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", o.DetectLocalMode, "How to tell pod traffic from other traffic: ClusterCIDR, NodeCIDR or None.")
+	fs.IntVar(&o.MasqueradeBit, "masquerade-bit", o.MasqueradeBit, "fwmark bit (0-31) marking packets to masquerade.")
+	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs whose local addresses accept NodePorts; empty for all.")
+	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Interval between full syncs of the kernel rules.")
+	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
+}
+
+// Validate reports every invalid option at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if len(o.ControlPlanes) == 0 {
+		errs = append(errs, errors.New("--control-plane is required"))
+	}
+	for _, cp := range o.ControlPlanes {
+		if _, _, err := net.SplitHostPort(cp); err != nil {
+			errs = append(errs, fmt.Errorf("--control-plane %q: %w", cp, err))
+		}
+	}
+	if msgs := validation.IsDNS1123Subdomain(o.NodeName); len(msgs) > 0 {
+		errs = append(errs, fmt.Errorf("--node-name %q: %s", o.NodeName, msgs[0]))
+	}
+	if !filepath.IsAbs(o.StateDir) {
+		errs = append(errs, fmt.Errorf("--state-dir %q must be an absolute path", o.StateDir))
+	}
+	if o.ProxyMode != "iptables" {
+		errs = append(errs, fmt.Errorf("--proxy-mode %q: only iptables is available in this build", o.ProxyMode))
+	}
+	for _, a := range []struct{ flag, addr string }{
+		{"--healthz-bind-address", o.HealthzBindAddress}, {"--metrics-bind-address", o.MetricsBindAddress},
+	} {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", a.flag, a.addr, err))
+		}
+	}
+	if _, err := parseCIDRs(o.ClusterCIDRs); err != nil {
+		errs = append(errs, fmt.Errorf("--cluster-cidr: %w", err))
+	}
+	if _, err := parseCIDRs(o.NodePortAddresses); err != nil {
+		errs = append(errs, fmt.Errorf("--nodeport-addresses: %w", err))
+	}
+	switch o.DetectLocalMode {
+	case "ClusterCIDR":
+		if len(o.ClusterCIDRs) == 0 {
+			errs = append(errs, errors.New("--detect-local-mode=ClusterCIDR needs --cluster-cidr"))
+		}
+	case "NodeCIDR", "None":
+	default:
+		errs = append(errs, fmt.Errorf("--detect-local-mode %q: want ClusterCIDR, NodeCIDR or None", o.DetectLocalMode))
+	}
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		errs = append(errs, fmt.Errorf("--masquerade-bit %d: want 0 to 31", o.MasqueradeBit))
+	}
+	if o.SyncPeriod < time.Second {
+		errs = append(errs, fmt.Errorf("--sync-period %s: want at least 1s", o.SyncPeriod))
+	}
+	switch o.IPTablesBackend {
+	case "auto", "nft", "legacy":
+	default:
+		errs = append(errs, fmt.Errorf("--iptables-backend %q: want auto, nft or legacy", o.IPTablesBackend))
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.LogLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level %q: %w", o.LogLevel, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Level returns the parsed log level; call after Validate.
+func (o *Options) Level() slog.Level {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(o.LogLevel))
+	return lvl
+}
+
+// CachePath is where the table cache lives.
+func (o *Options) CachePath() string { return filepath.Join(o.StateDir, "table.db") }
+
+func parseCIDRs(in []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, s := range in {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}

@@ -1,0 +1,82 @@
+package iptables
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"strings"
+)
+
+// Top-level chains. Every chain proxyplane owns starts with "PP-", so it
+// never touches kube-proxy's KUBE-* chains (a node being migrated may run
+// both for a while) and stale-chain pruning can recognise its own.
+const (
+	// chainServices (nat) dispatches ClusterIP, external IP and load
+	// balancer traffic to per-service chains and ends with the NodePort
+	// jump; (filter) rejects or drops ClusterIP traffic of services
+	// without usable endpoints.
+	chainServices = "PP-SERVICES"
+	// chainNodePorts (nat) dispatches NodePort traffic; (filter) accepts
+	// healthCheckNodePorts.
+	chainNodePorts = "PP-NODEPORTS"
+	// chainPostrouting (nat) masquerades marked packets.
+	chainPostrouting = "PP-POSTROUTING"
+	// chainMarkMasq (nat) sets the masquerade bit.
+	chainMarkMasq = "PP-MARK-MASQ"
+	// chainExternalServices (filter) rejects or drops traffic to external
+	// addresses (external IPs, load balancer IPs, NodePorts) that has no
+	// endpoint to go to.
+	chainExternalServices = "PP-EXTERNAL-SERVICES"
+	// chainForward (filter) accepts forwarded service traffic even under
+	// a DROP FORWARD policy.
+	chainForward = "PP-FORWARD"
+	// chainFirewall (filter) drops load balancer traffic that a PP-FW-
+	// chain did not let through.
+	chainFirewall = "PP-FIREWALL"
+)
+
+// Prefixes of per-service-port and per-endpoint chains, all in the nat
+// table. The suffix is a hash (see portHash), so names fit iptables'
+// 28-character limit and stay the same across restarts and replicas.
+const (
+	prefixSvc = "PP-SVC-" // Cluster-policy endpoints of a service port
+	prefixSvl = "PP-SVL-" // Local-policy endpoints of a service port
+	prefixExt = "PP-EXT-" // external traffic: eTP handling, masquerade
+	prefixFw  = "PP-FW-"  // loadBalancerSourceRanges
+	prefixSep = "PP-SEP-" // one endpoint: DNAT, hairpin masquerade, affinity
+)
+
+// isServiceChain reports whether name is a per-service or per-endpoint
+// chain, the only chains full syncs may delete.
+func isServiceChain(name string) bool {
+	for _, p := range [...]string{prefixSvc, prefixSvl, prefixExt, prefixFw, prefixSep} {
+		if strings.HasPrefix(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// portHash returns the first 16 characters of the base32 SHA-256 of its
+// arguments concatenated. The input is exactly kube-proxy's (the service
+// port name "ns/name" or "ns/name:port", the lower-case protocol and, for an
+// endpoint chain, "ip:port"), so PP-SVC-X names the same service port as
+// kube-proxy's KUBE-SVC-X, which helps operators compare the two. The
+// family is not hashed: IPv4 and IPv6 chains live in different tables.
+func portHash(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+	}
+	var sum [sha256.Size]byte
+	enc := base32.StdEncoding.EncodeToString(h.Sum(sum[:0]))
+	return enc[:16]
+}
+
+// servicePortName is kube-proxy's ServicePortName.String(): "ns/name" with
+// ":port" appended for a named port.
+func servicePortName(key, port string) string {
+	if port == "" {
+		return key
+	}
+	return key + ":" + port
+}

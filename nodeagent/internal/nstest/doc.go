@@ -1,0 +1,93 @@
+// Package nstest builds throwaway network namespaces for tests that must
+// prove dataplane behaviour with real packets through the real kernel.
+//
+// New creates one Topology per call: a node namespace where the dataplane
+// under test programs its rules, pod namespaces on a bridge inside the node,
+// and a client namespace outside the cluster. Every test gets its own
+// namespaces (named from a hash of the test name, the process id and a
+// counter), so parallel tests and parallel packages never share state, and
+// t.Cleanup deletes them even when the test fails.
+//
+//	 client namespace            node namespace                     pod namespaces
+//	+------------------+        +------------------------------+
+//	| eth0             |  veth  | eth0  192.168.100.1/24       |
+//	|  192.168.100.2/24+--------+       fd00:100::1/64         |
+//	|  fd00:100::2/64  |        |                              |   +--------------------+
+//	| default via node |        | br0   10.244.1.1/24          |   | pod-0  eth0        |
+//	+------------------+        |       fd00:244:1::1/64       |   |  10.244.1.10/24    |
+//	                            |   +- veth0 (hairpin) --------+---+  fd00:244:1::10/64 |
+//	                            |   +- veth1 (hairpin) ----+   |   |  default via br0   |
+//	                            |                          |   |   +--------------------+
+//	                            | 10.96.0.0/16   dev eth0  |   |   +--------------------+
+//	                            | fd00:96::/112  dev eth0  +---+---+ pod-1  10.244.1.11 |
+//	                            +------------------------------+   +--------------------+
+//
+// The client reaches pods and the ClusterIP range through its default route
+// via the node, so client traffic is forwarded by the node exactly like
+// traffic from outside a real cluster; pods reach everything through the
+// bridge address, like pods behind a CNI bridge.
+//
+// # Kernel pitfalls handled
+//
+// Each setting below fixes a failure seen on this kernel; without it tests
+// fail in confusing ways rather than loudly.
+//
+//   - net.ipv4.ip_forward=1 and net.ipv6.conf.{all,default}.forwarding=1 in
+//     the node: a new namespace starts with forwarding off, and forwarded
+//     service traffic silently times out while the node's own traffic works.
+//   - send_redirects=0 (all, default and every interface) in the node: a
+//     hairpinned or same-interface forward makes the node send ICMP
+//     redirects, which use up the ICMP rate-limit tokens for that peer, so a
+//     later REJECT's "port unreachable" is suppressed and "connection
+//     refused" turns into a timeout.
+//   - net.ipv4.icmp_ratelimit=0, net.ipv4.icmp_ratemask=0,
+//     net.ipv6.icmp.ratelimit=0 and an empty net.ipv6.icmp.ratemask in every
+//     namespace: the per-peer and global ICMP limits (1000/s, burst 50)
+//     would turn REJECTs and closed UDP ports into timeouts in tests that
+//     dial many times in a loop.
+//   - route_localnet=1 in the node: NodePorts on 127.0.0.1 in iptables mode
+//     DNAT loopback traffic to a pod; without it the kernel drops packets
+//     with a 127/8 source leaving the loopback device (kube-proxy sets it
+//     itself in that mode, so tests see the same kernel it would).
+//   - rp_filter=0 (all, default and every interface) everywhere: IPv4
+//     settings of a new namespace are inherited from the host namespace,
+//     where distributions enable strict reverse-path filtering, which drops
+//     asymmetric and un-NATed replies.
+//   - accept_dad=0 and IFA_F_NODAD on every IPv6 address: duplicate address
+//     detection keeps addresses tentative (unusable) for about a second.
+//   - net.bridge.bridge-nf-call-iptables and -ip6tables=1 in the node: a pod
+//     reaching a service whose endpoint is on the same bridge gets its reply
+//     bridged directly; only bridge netfilter sends that reply through
+//     conntrack so it is un-DNATed. The kernel default is already 1; it is
+//     set explicitly so the tests do not depend on it.
+//   - hairpin on every bridge port: a pod reaching its own service is sent
+//     back out of the port it came in on, which a bridge refuses by default.
+//   - multicast snooping off on the bridge: IPv6 neighbour discovery uses
+//     multicast, and snooping without a querier can drop solicitations sent
+//     before the bridge learned a port's membership.
+//   - a route for each ClusterIP range via the node's eth0: the node's own
+//     connections to a ClusterIP need a route before OUTPUT DNAT runs, or
+//     connect fails with "network is unreachable".
+//   - New waits until every link's operational state is up: until the
+//     kernel's link watcher has run, a link's queue discipline is "noop",
+//     which drops the first packets sent after the link was brought up.
+//   - Dials use a fresh source port each time (a per-topology counter over
+//     40000-59999, not the kernel's random choice): conntrack pins a flow to
+//     the backend chosen by its first packet, so a reused port after a rule
+//     change would reach the old backend.
+//
+// Legacy iptables takes /run/xtables.lock, shared by all namespaces, so
+// tests using iptables-legacy serialise; iptables-nft (plain "iptables" on
+// this machine) and nft take no lock.
+//
+// # Traffic
+//
+// ServeTCP and ServeUDP start backends that answer each connection or
+// datagram with one line, "<backend> <remote ip:port>", for example
+// "pod-0 192.168.100.2:40001", so a test learns which backend answered and
+// which source address it saw (for masquerade and source-IP checks).
+// DialTCP and DialUDP send one line and parse that reply; IsRefused,
+// IsTimeout and IsUnreachable classify their errors (a REJECT refuses, a
+// DROP times out). All traffic stays inside the namespaces a Topology
+// created, and every dial is bounded in time.
+package nstest

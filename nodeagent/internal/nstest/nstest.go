@@ -1,0 +1,773 @@
+package nstest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Link names. Each namespace has its own link namespace, so fixed names
+// cannot collide between topologies and all stay within the 15-character
+// limit for interface names.
+const (
+	// NodeExternalLink is the node's end of the veth pair to the client
+	// namespace: the node's "external NIC", holding NodeIP.
+	NodeExternalLink = "eth0"
+	// BridgeLink is the bridge in the node namespace that the pods hang off.
+	BridgeLink = "br0"
+	// PodLink is the link inside each pod namespace (and inside the client
+	// namespace).
+	PodLink = "eth0"
+)
+
+// PodHostLink returns the name of the node's end of pod i's veth pair, a
+// port of BridgeLink.
+func PodHostLink(i int) string { return "veth" + strconv.Itoa(i) }
+
+// Defaults and bounds for Options, each with its reason.
+const (
+	// DefaultPods is two so a test can tell backends apart and observe load
+	// balancing.
+	DefaultPods = 2
+	// MaxPods keeps pod addresses (10.244.1.10 upwards) inside the /24 and
+	// setup time bounded.
+	MaxPods = 100
+	// ExecTimeout bounds every command run by Exec, so a hung tool cannot
+	// hang the test binary until the global test timeout.
+	ExecTimeout = 30 * time.Second
+	// setupTimeout bounds waiting for links to come up.
+	setupTimeout = 10 * time.Second
+)
+
+// DefaultServiceCIDRs are the ClusterIP ranges routed by the node when
+// Options.ServiceCIDRs is empty: the kubeadm default and an IPv6 /112 (the
+// largest range Kubernetes accepts for IPv6 services).
+var DefaultServiceCIDRs = []netip.Prefix{
+	netip.MustParsePrefix("10.96.0.0/16"),
+	netip.MustParsePrefix("fd00:96::/112"),
+}
+
+// Options configure New. The zero value is valid.
+type Options struct {
+	// Pods is the number of pod namespaces; 0 means DefaultPods.
+	Pods int
+	// ServiceCIDRs are the ClusterIP ranges the node routes via
+	// NodeExternalLink so its own connections reach OUTPUT DNAT; empty means
+	// DefaultServiceCIDRs.
+	ServiceCIDRs []netip.Prefix
+}
+
+// Validate reports whether the options are usable, after defaults apply.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	if o.Pods < 1 || o.Pods > MaxPods {
+		return fmt.Errorf("pods must be between 1 and %d, got %d", MaxPods, o.Pods)
+	}
+	for _, p := range o.ServiceCIDRs {
+		if !p.IsValid() || p != p.Masked() {
+			return fmt.Errorf("service CIDR %v is not a valid, masked prefix", p)
+		}
+	}
+	return nil
+}
+
+func (o Options) withDefaults() Options {
+	if o.Pods == 0 {
+		o.Pods = DefaultPods
+	}
+	if len(o.ServiceCIDRs) == 0 {
+		o.ServiceCIDRs = DefaultServiceCIDRs
+	}
+	return o
+}
+
+// Addresses of the topology; see the package documentation for the picture.
+var (
+	nodeIP      = netip.MustParseAddr("192.168.100.1")
+	nodeIPv6    = netip.MustParseAddr("fd00:100::1")
+	clientIP    = netip.MustParseAddr("192.168.100.2")
+	clientIPv6  = netip.MustParseAddr("fd00:100::2")
+	bridgeIP    = netip.MustParseAddr("10.244.1.1")
+	bridgeIPv6  = netip.MustParseAddr("fd00:244:1::1")
+	extPrefix   = 24
+	extPrefix6  = 64
+	podPrefix   = 24
+	podPrefix6  = 64
+	firstPodOff = 10
+)
+
+// RequireRoot skips the test unless it can create network namespaces: it
+// needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and the ip command.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create network namespaces; run as root (CI does)")
+	}
+	if !hasCaps(unix.CAP_SYS_ADMIN, unix.CAP_NET_ADMIN) {
+		t.Skip("needs CAP_SYS_ADMIN and CAP_NET_ADMIN to create network namespaces; run as root outside a restricted container (CI does)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs the ip command (iproute2) to create network namespaces: apt-get install -y iproute2")
+	}
+}
+
+// hasCaps reports whether the process holds all the given effective
+// capabilities; it answers true when it cannot tell, so New fails loudly
+// instead of skipping silently.
+func hasCaps(caps ...int) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return true
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		hex, ok := strings.CutPrefix(line, "CapEff:")
+		if !ok {
+			continue
+		}
+		eff, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+		if err != nil {
+			return true
+		}
+		for _, c := range caps {
+			if eff&(1<<uint(c)) == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	return true
+}
+
+// Topology is a set of network namespaces built by New and deleted by the
+// test's cleanup. Its methods are safe for concurrent use.
+type Topology struct {
+	tb       testing.TB
+	opts     Options
+	nodeNS   string
+	clientNS string
+	podNS    []string
+	// labels maps each namespace name to its role ("node", "client",
+	// "pod-0"), the backend name its servers report. Not modified after New.
+	labels map[string]string
+	// nextPort numbers dials; see sourcePort.
+	nextPort atomic.Uint32
+
+	// mu guards created.
+	mu sync.Mutex
+	// created lists the namespaces made so far, in creation order, for
+	// cleanup.
+	created []string
+}
+
+// nameSeq numbers topologies within this process.
+var nameSeq atomic.Uint32
+
+// New builds a topology for the test and registers its deletion with
+// t.Cleanup. It skips the test when RequireRoot would, and fails it (via
+// t.Fatal, so call it from the test goroutine) when the kernel refuses the
+// setup.
+func New(t testing.TB, opts Options) *Topology {
+	t.Helper()
+	RequireRoot(t)
+	if err := opts.Validate(); err != nil {
+		t.Fatalf("nstest: invalid options: %v", err)
+	}
+	opts = opts.withDefaults()
+	tp := &Topology{tb: t, opts: opts, labels: map[string]string{}}
+	t.Cleanup(tp.cleanup)
+
+	prefix, err := tp.pickPrefix(t.Name())
+	if err != nil {
+		t.Fatalf("nstest: %v", err)
+	}
+	tp.nodeNS = prefix + "-node"
+	tp.clientNS = prefix + "-client"
+	tp.labels[tp.nodeNS] = "node"
+	tp.labels[tp.clientNS] = "client"
+	for i := range opts.Pods {
+		name := fmt.Sprintf("%s-pod-%d", prefix, i)
+		tp.podNS = append(tp.podNS, name)
+		tp.labels[name] = fmt.Sprintf("pod-%d", i)
+	}
+	if err := tp.build(); err != nil {
+		t.Fatalf("nstest: building topology %s: %v", prefix, err)
+	}
+	return tp
+}
+
+// pickPrefix returns a namespace-name prefix that no existing namespace
+// uses. The hash covers the test name and process id so that parallel
+// packages (separate processes) running tests of the same name differ; the
+// counter separates topologies within one process.
+func (tp *Topology) pickPrefix(testName string) (string, error) {
+	h := fnv.New32a()
+	fmt.Fprintf(h, "%s/%d", testName, os.Getpid())
+	sum := h.Sum32() & 0xffffff
+	for range 16 {
+		prefix := fmt.Sprintf("nst%06x-%d", sum, nameSeq.Add(1))
+		if !nsNameUsed(prefix) {
+			return prefix, nil
+		}
+	}
+	return "", errors.New("no unused namespace name prefix after 16 tries")
+}
+
+func nsNameUsed(prefix string) bool {
+	matches, _ := filepath.Glob(filepath.Join("/run/netns", prefix+"-*"))
+	return len(matches) > 0
+}
+
+// NodeNS returns the name of the node namespace, where the dataplane runs.
+func (tp *Topology) NodeNS() string { return tp.nodeNS }
+
+// ClientNS returns the name of the client namespace outside the cluster.
+func (tp *Topology) ClientNS() string { return tp.clientNS }
+
+// PodNS returns the name of pod i's namespace. It panics if i is out of
+// range.
+func (tp *Topology) PodNS(i int) string { return tp.podNS[i] }
+
+// Pods returns the number of pod namespaces.
+func (tp *Topology) Pods() int { return len(tp.podNS) }
+
+// ServiceCIDRs returns the ClusterIP ranges routed by the node.
+func (tp *Topology) ServiceCIDRs() []netip.Prefix {
+	return append([]netip.Prefix(nil), tp.opts.ServiceCIDRs...)
+}
+
+// NodeIP returns the node's IPv4 address on NodeExternalLink, 192.168.100.1.
+func (tp *Topology) NodeIP() netip.Addr { return nodeIP }
+
+// NodeIPv6 returns the node's IPv6 address on NodeExternalLink, fd00:100::1.
+func (tp *Topology) NodeIPv6() netip.Addr { return nodeIPv6 }
+
+// ClientIP returns the client's IPv4 address, 192.168.100.2.
+func (tp *Topology) ClientIP() netip.Addr { return clientIP }
+
+// ClientIPv6 returns the client's IPv6 address, fd00:100::2.
+func (tp *Topology) ClientIPv6() netip.Addr { return clientIPv6 }
+
+// BridgeIP returns the node's IPv4 address on the pod bridge, 10.244.1.1,
+// the pods' default gateway.
+func (tp *Topology) BridgeIP() netip.Addr { return bridgeIP }
+
+// BridgeIPv6 returns the node's IPv6 address on the pod bridge,
+// fd00:244:1::1, the pods' default gateway.
+func (tp *Topology) BridgeIPv6() netip.Addr { return bridgeIPv6 }
+
+// PodIP returns pod i's IPv4 address, 10.244.1.(10+i). It panics if i is
+// out of range.
+func (tp *Topology) PodIP(i int) netip.Addr {
+	tp.checkPod(i)
+	a := bridgeIP.As4()
+	a[3] = byte(firstPodOff + i)
+	return netip.AddrFrom4(a)
+}
+
+// PodIPv6 returns pod i's IPv6 address, fd00:244:1::(10+i) with 10+i
+// written in decimal digits read as hex (fd00:244:1::10 for pod 0, as in
+// the package documentation). It panics if i is out of range.
+func (tp *Topology) PodIPv6(i int) netip.Addr {
+	tp.checkPod(i)
+	return netip.MustParseAddr(fmt.Sprintf("fd00:244:1::%d", firstPodOff+i))
+}
+
+func (tp *Topology) checkPod(i int) {
+	if i < 0 || i >= len(tp.podNS) {
+		panic(fmt.Sprintf("nstest: pod index %d out of range [0,%d)", i, len(tp.podNS)))
+	}
+}
+
+// HostPort formats ip and port as an address for DialTCP and DialUDP,
+// bracketing IPv6 addresses.
+func HostPort(ip netip.Addr, port int) string {
+	return net.JoinHostPort(ip.String(), strconv.Itoa(port))
+}
+
+// Exec runs a command inside namespace ns (through "ip netns exec") and
+// returns its combined output. It gives up after ExecTimeout. The error
+// includes the output, which is where tools such as iptables explain
+// themselves.
+func (tp *Topology) Exec(ns string, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), ExecTimeout)
+	defer cancel()
+	return execIn(ctx, ns, name, args...)
+}
+
+func execIn(ctx context.Context, ns, name string, args ...string) ([]byte, error) {
+	argv := append([]string{"netns", "exec", ns, name}, args...)
+	return runCmd(ctx, "ip", argv...)
+}
+
+func runCmd(ctx context.Context, name string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	// A command that leaves a child holding its output open would otherwise
+	// keep CombinedOutput waiting after the command itself exits.
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("running %s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return out, nil
+}
+
+// Do runs f on an OS thread switched into namespace ns and returns f's
+// error. Sockets f creates stay in ns after Do returns; goroutines f starts
+// do not inherit ns.
+//
+// f runs on a goroutine of its own, locked to its thread, so the caller's
+// thread never changes namespace; f must therefore not call t.FailNow (or
+// t.Fatal). The thread's original namespace is restored afterwards; if that
+// fails, the thread is left locked, so the Go runtime discards it rather than
+// reusing a thread in the wrong namespace.
+func (tp *Topology) Do(ns string, f func() error) error {
+	return doIn(ns, f)
+}
+
+func doIn(ns string, f func() error) error {
+	target, err := netns.GetFromName(ns)
+	if err != nil {
+		return fmt.Errorf("opening namespace %s: %w", ns, err)
+	}
+	defer target.Close()
+
+	type result struct {
+		err   error
+		panic any
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		// Deliberately no deferred UnlockOSThread: see below.
+		orig, err := netns.Get()
+		if err != nil {
+			done <- result{err: fmt.Errorf("getting current namespace: %w", err)}
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			done <- result{err: fmt.Errorf("entering namespace %s: %w", ns, err)}
+			return
+		}
+		var r result
+		func() {
+			defer func() { r.panic = recover() }()
+			r.err = f()
+		}()
+		if err := netns.Set(orig); err != nil {
+			// The thread stays locked and dies with this goroutine.
+			r.err = errors.Join(r.err, fmt.Errorf("restoring namespace after %s: %w", ns, err))
+			done <- r
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- r
+	}()
+	r := <-done
+	if r.panic != nil {
+		panic(r.panic)
+	}
+	return r.err
+}
+
+// cleanup deletes every namespace created, newest first. Deleting a
+// namespace destroys its links, and a veth pair dies with either end, so
+// this removes everything New made.
+func (tp *Topology) cleanup() {
+	tp.mu.Lock()
+	created := append([]string(nil), tp.created...)
+	tp.created = nil
+	tp.mu.Unlock()
+	for i := len(created) - 1; i >= 0; i-- {
+		ctx, cancel := context.WithTimeout(context.Background(), ExecTimeout)
+		_, err := runCmd(ctx, "ip", "netns", "delete", created[i])
+		cancel()
+		if err != nil {
+			tp.tb.Errorf("nstest: deleting namespace %s: %v", created[i], err)
+		}
+	}
+}
+
+func (tp *Topology) addNS(name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), ExecTimeout)
+	defer cancel()
+	if _, err := runCmd(ctx, "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	tp.mu.Lock()
+	tp.created = append(tp.created, name)
+	tp.mu.Unlock()
+	return nil
+}
+
+// sysctl is one /proc/sys setting, path relative to /proc/sys.
+type sysctl struct{ path, value string }
+
+func writeSysctls(ns string, settings []sysctl) error {
+	return doIn(ns, func() error {
+		for _, s := range settings {
+			p := filepath.Join("/proc/sys", s.path)
+			if err := os.WriteFile(p, []byte(s.value+"\n"), 0o644); err != nil {
+				return fmt.Errorf("setting %s=%q: %w", s.path, s.value, err)
+			}
+		}
+		return nil
+	})
+}
+
+// commonSysctls apply in every namespace, before links exist so that the
+// "default" values reach every link created later. Reasons are in the
+// package documentation.
+var commonSysctls = []sysctl{
+	{"net/ipv6/conf/all/accept_dad", "0"},
+	{"net/ipv6/conf/default/accept_dad", "0"},
+	{"net/ipv4/conf/all/rp_filter", "0"},
+	{"net/ipv4/conf/default/rp_filter", "0"},
+	{"net/ipv4/icmp_ratelimit", "0"},
+	{"net/ipv4/icmp_ratemask", "0"},
+	{"net/ipv6/icmp/ratelimit", "0"},
+	{"net/ipv6/icmp/ratemask", ""},
+}
+
+// nodeSysctls apply in the node namespace on top of commonSysctls.
+var nodeSysctls = []sysctl{
+	{"net/ipv4/ip_forward", "1"},
+	{"net/ipv6/conf/all/forwarding", "1"},
+	{"net/ipv6/conf/default/forwarding", "1"},
+	{"net/ipv4/conf/all/send_redirects", "0"},
+	{"net/ipv4/conf/default/send_redirects", "0"},
+	{"net/ipv4/conf/all/route_localnet", "1"},
+	{"net/ipv4/conf/default/route_localnet", "1"},
+}
+
+// bridgeSysctls exist only with bridge netfilter built in; see the package
+// documentation for why they matter.
+var bridgeSysctls = []sysctl{
+	{"net/bridge/bridge-nf-call-iptables", "1"},
+	{"net/bridge/bridge-nf-call-ip6tables", "1"},
+}
+
+// linkSysctls returns the per-link settings for link in a namespace;
+// "default" only reaches links created after it was set, and the kernel
+// combines "all" and the link's own value for these keys.
+func linkSysctls(link string, node bool) []sysctl {
+	s := []sysctl{{"net/ipv4/conf/" + link + "/rp_filter", "0"}}
+	if node {
+		s = append(s,
+			sysctl{"net/ipv4/conf/" + link + "/send_redirects", "0"},
+			sysctl{"net/ipv4/conf/" + link + "/route_localnet", "1"},
+		)
+	}
+	return s
+}
+
+// handle is a netlink handle for one namespace.
+type handle struct {
+	ns string
+	fd netns.NsHandle
+	*netlink.Handle
+}
+
+func openHandle(ns string) (*handle, error) {
+	fd, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, fmt.Errorf("opening namespace %s: %w", ns, err)
+	}
+	h, err := netlink.NewHandleAt(fd, unix.NETLINK_ROUTE)
+	if err != nil {
+		fd.Close()
+		return nil, fmt.Errorf("netlink handle in %s: %w", ns, err)
+	}
+	return &handle{ns: ns, fd: fd, Handle: h}, nil
+}
+
+func (h *handle) close() {
+	h.Handle.Close()
+	h.fd.Close()
+}
+
+func (h *handle) link(name string) (netlink.Link, error) {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("finding %s in %s: %w", name, h.ns, err)
+	}
+	return l, nil
+}
+
+func (h *handle) up(name string) error {
+	l, err := h.link(name)
+	if err != nil {
+		return err
+	}
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("setting %s up in %s: %w", name, h.ns, err)
+	}
+	return nil
+}
+
+// addAddrs adds addresses to link; IPv6 ones get IFA_F_NODAD so they are
+// usable at once.
+func (h *handle) addAddrs(name string, prefixes ...netip.Prefix) error {
+	l, err := h.link(name)
+	if err != nil {
+		return err
+	}
+	for _, p := range prefixes {
+		a := &netlink.Addr{IPNet: &net.IPNet{
+			IP:   p.Addr().AsSlice(),
+			Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen()),
+		}}
+		if p.Addr().Is6() {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := h.AddrAdd(l, a); err != nil {
+			return fmt.Errorf("adding %v to %s in %s: %w", p, name, h.ns, err)
+		}
+	}
+	return nil
+}
+
+// addDefaultRoutes routes everything via gateways on link.
+func (h *handle) addDefaultRoutes(name string, gws ...netip.Addr) error {
+	l, err := h.link(name)
+	if err != nil {
+		return err
+	}
+	for _, gw := range gws {
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}
+		if err := h.RouteAdd(r); err != nil {
+			return fmt.Errorf("adding default route via %v in %s: %w", gw, h.ns, err)
+		}
+	}
+	return nil
+}
+
+// waitUp waits until each link's operational state is up: only then has the
+// kernel's link watcher replaced the "noop" queue discipline that drops
+// packets.
+func (h *handle) waitUp(deadline time.Time, names ...string) error {
+	for _, name := range names {
+		for {
+			l, err := h.link(name)
+			if err != nil {
+				return err
+			}
+			if l.Attrs().OperState == netlink.OperUp {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s in %s still %v after %v", name, h.ns, l.Attrs().OperState, setupTimeout)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// build creates and wires the namespaces. Each namespace is recorded for
+// cleanup as soon as it exists, so a failure part-way leaves nothing behind.
+func (tp *Topology) build() error {
+	all := append([]string{tp.nodeNS, tp.clientNS}, tp.podNS...)
+	for _, ns := range all {
+		if err := tp.addNS(ns); err != nil {
+			return err
+		}
+		if err := writeSysctls(ns, commonSysctls); err != nil {
+			return err
+		}
+	}
+	if err := writeSysctls(tp.nodeNS, nodeSysctls); err != nil {
+		return err
+	}
+	if err := writeBridgeSysctls(tp.nodeNS); err != nil {
+		return err
+	}
+
+	handles := map[string]*handle{}
+	defer func() {
+		for _, h := range handles {
+			h.close()
+		}
+	}()
+	for _, ns := range all {
+		h, err := openHandle(ns)
+		if err != nil {
+			return err
+		}
+		handles[ns] = h
+		if err := h.up("lo"); err != nil {
+			return err
+		}
+	}
+	node, client := handles[tp.nodeNS], handles[tp.clientNS]
+
+	// Client veth: node eth0 <-> client eth0.
+	if err := node.LinkAdd(&netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: NodeExternalLink},
+		PeerName:      PodLink,
+		PeerNamespace: netlink.NsFd(client.fd),
+	}); err != nil {
+		return fmt.Errorf("creating client veth: %w", err)
+	}
+	if err := node.addAddrs(NodeExternalLink,
+		netip.PrefixFrom(nodeIP, extPrefix), netip.PrefixFrom(nodeIPv6, extPrefix6)); err != nil {
+		return err
+	}
+	if err := client.addAddrs(PodLink,
+		netip.PrefixFrom(clientIP, extPrefix), netip.PrefixFrom(clientIPv6, extPrefix6)); err != nil {
+		return err
+	}
+	if err := node.up(NodeExternalLink); err != nil {
+		return err
+	}
+	if err := client.up(PodLink); err != nil {
+		return err
+	}
+	if err := client.addDefaultRoutes(PodLink, nodeIP, nodeIPv6); err != nil {
+		return err
+	}
+
+	// Bridge and pods.
+	snooping := false
+	if err := node.LinkAdd(&netlink.Bridge{
+		LinkAttrs:         netlink.LinkAttrs{Name: BridgeLink},
+		MulticastSnooping: &snooping,
+	}); err != nil {
+		return fmt.Errorf("creating bridge: %w", err)
+	}
+	if err := node.addAddrs(BridgeLink,
+		netip.PrefixFrom(bridgeIP, podPrefix), netip.PrefixFrom(bridgeIPv6, podPrefix6)); err != nil {
+		return err
+	}
+	if err := node.up(BridgeLink); err != nil {
+		return err
+	}
+	br, err := node.link(BridgeLink)
+	if err != nil {
+		return err
+	}
+	for i, ns := range tp.podNS {
+		pod := handles[ns]
+		hostLink := PodHostLink(i)
+		if err := node.LinkAdd(&netlink.Veth{
+			LinkAttrs:     netlink.LinkAttrs{Name: hostLink},
+			PeerName:      PodLink,
+			PeerNamespace: netlink.NsFd(pod.fd),
+		}); err != nil {
+			return fmt.Errorf("creating veth for pod %d: %w", i, err)
+		}
+		hl, err := node.link(hostLink)
+		if err != nil {
+			return err
+		}
+		if err := node.LinkSetMaster(hl, br); err != nil {
+			return fmt.Errorf("attaching %s to %s: %w", hostLink, BridgeLink, err)
+		}
+		if err := node.LinkSetHairpin(hl, true); err != nil {
+			return fmt.Errorf("setting hairpin on %s: %w", hostLink, err)
+		}
+		if err := node.up(hostLink); err != nil {
+			return err
+		}
+		if err := pod.addAddrs(PodLink,
+			netip.PrefixFrom(tp.PodIP(i), podPrefix), netip.PrefixFrom(tp.PodIPv6(i), podPrefix6)); err != nil {
+			return err
+		}
+		if err := pod.up(PodLink); err != nil {
+			return err
+		}
+		if err := pod.addDefaultRoutes(PodLink, bridgeIP, bridgeIPv6); err != nil {
+			return err
+		}
+	}
+
+	// ClusterIP ranges: the node's own connections need a route before
+	// OUTPUT DNAT rewrites the destination.
+	ext, err := node.link(NodeExternalLink)
+	if err != nil {
+		return err
+	}
+	for _, p := range tp.opts.ServiceCIDRs {
+		r := &netlink.Route{
+			LinkIndex: ext.Attrs().Index,
+			Dst:       &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
+		}
+		if p.Addr().Is4() {
+			r.Scope = netlink.SCOPE_LINK
+		}
+		if err := node.RouteAdd(r); err != nil {
+			return fmt.Errorf("adding route for service CIDR %v: %w", p, err)
+		}
+	}
+
+	// Per-link settings, now that the links exist.
+	nodeLinks := []string{"lo", BridgeLink, NodeExternalLink}
+	for i := range tp.podNS {
+		nodeLinks = append(nodeLinks, PodHostLink(i))
+	}
+	var s []sysctl
+	for _, l := range nodeLinks {
+		s = append(s, linkSysctls(l, true)...)
+	}
+	if err := writeSysctls(tp.nodeNS, s); err != nil {
+		return err
+	}
+	for _, ns := range append([]string{tp.clientNS}, tp.podNS...) {
+		if err := writeSysctls(ns, append(linkSysctls("lo", false), linkSysctls(PodLink, false)...)); err != nil {
+			return err
+		}
+	}
+
+	deadline := time.Now().Add(setupTimeout)
+	if err := node.waitUp(deadline, nodeLinks[1:]...); err != nil {
+		return err
+	}
+	for _, ns := range append([]string{tp.clientNS}, tp.podNS...) {
+		if err := handles[ns].waitUp(deadline, PodLink); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeBridgeSysctls sets bridgeSysctls, failing clearly when the kernel
+// lacks bridge netfilter rather than letting service tests through the
+// bridge fail later in confusing ways.
+func writeBridgeSysctls(ns string) error {
+	var present []sysctl
+	var missing []string
+	err := doIn(ns, func() error {
+		for _, s := range bridgeSysctls {
+			if _, err := os.Stat(filepath.Join("/proc/sys", s.path)); err != nil {
+				missing = append(missing, s.path)
+				continue
+			}
+			present = append(present, s)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("kernel lacks bridge netfilter (%s): bridged replies would bypass conntrack", strings.Join(missing, ", "))
+	}
+	return writeSysctls(ns, present)
+}
