@@ -23,7 +23,7 @@ tools:
 	go -C tools build -o $(BIN)/ $(TOOLS)
 
 build:
-	go build -o $(BIN)/ ./controlplane
+	go build -o $(BIN)/ ./controlplane ./nodeagent
 
 # run starts the control plane against the cluster in $(KUBECONFIG).
 KUBECONFIG ?= $(HOME)/.kube/config

@@ -22,3 +22,19 @@ import (
 type Dataplane interface {
 	Sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error
 }
+
+// Join programs several dataplanes as one, in order: one per IP family.
+// Each applies its part atomically; if a later one fails, the earlier ones
+// keep the new rules, and the caller's retry (with full) converges them.
+func Join(dps ...Dataplane) Dataplane { return joined(dps) }
+
+type joined []Dataplane
+
+func (j joined) Sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error {
+	for _, dp := range j {
+		if err := dp.Sync(ctx, t, changed, full); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -2,25 +2,32 @@
 // prove dataplane behaviour with real packets through the real kernel.
 //
 // New creates one Topology per call: a node namespace where the dataplane
-// under test programs its rules, pod namespaces on a bridge inside the node,
-// and a client namespace outside the cluster. Every test gets its own
-// namespaces (named from a hash of the test name, the process id and a
-// counter), so parallel tests and parallel packages never share state, and
-// t.Cleanup deletes them even when the test fails.
+// under test programs its rules, pod namespaces on a bridge inside the
+// node, and a client namespace outside the cluster. Every test gets its
+// own namespaces, named from a hash of the test name, the process id and a
+// counter (as in "nst3f2a-81234-7-node"), so parallel tests and parallel
+// packages never share state, and t.Cleanup deletes them even when the
+// test fails. A test binary killed before its cleanups ran (by -timeout,
+// say) leaves its namespaces behind; the next New in any test process
+// deletes those of processes that no longer exist.
 //
-//	 client namespace            node namespace                     pod namespaces
-//	+------------------+        +------------------------------+
-//	| eth0             |  veth  | eth0  192.168.100.1/24       |
-//	|  192.168.100.2/24+--------+       fd00:100::1/64         |
-//	|  fd00:100::2/64  |        |                              |   +--------------------+
-//	| default via node |        | br0   10.244.1.1/24          |   | pod-0  eth0        |
-//	+------------------+        |       fd00:244:1::1/64       |   |  10.244.1.10/24    |
-//	                            |   +- veth0 (hairpin) --------+---+  fd00:244:1::10/64 |
-//	                            |   +- veth1 (hairpin) ----+   |   |  default via br0   |
-//	                            |                          |   |   +--------------------+
-//	                            | 10.96.0.0/16   dev eth0  |   |   +--------------------+
-//	                            | fd00:96::/112  dev eth0  +---+---+ pod-1  10.244.1.11 |
-//	                            +------------------------------+   +--------------------+
+//	client namespace         node namespace                    pod namespaces
+//	+------------------+     +-------------------------------+
+//	| eth0             |veth | eth0  192.168.100.1/24        |
+//	|  192.168.100.2/24+-----+       fd00:100::1/64          |
+//	|  fd00:100::2/64  |     |                               |  +-------------------+
+//	| default via node |     | br0   10.244.1.1/24           |  | pod-0 eth0        |
+//	+------------------+     |       fd00:244:1::1/64        |  |  10.244.1.10/24   |
+//	                         |   +- veth0 (hairpin) ---------+--+  fd00:244:1::10/64|
+//	                         |   |                           |  | default via br0   |
+//	                         |   |                           |  +-------------------+
+//	                         |   |                           |  +-------------------+
+//	                         |   +- veth1 (hairpin) ---------+--+ pod-1 eth0        |
+//	                         |                               |  |  10.244.1.11/24   |
+//	                         | routes for ClusterIP ranges:  |  |  fd00:244:1::11/64|
+//	                         |   10.96.0.0/16   dev eth0     |  +-------------------+
+//	                         |   fd00:96::/112  dev eth0     |
+//	                         +-------------------------------+
 //
 // The client reaches pods and the ClusterIP range through its default route
 // via the node, so client traffic is forwarded by the node exactly like
@@ -29,8 +36,8 @@
 //
 // # Kernel pitfalls handled
 //
-// Each setting below fixes a failure seen on this kernel; without it tests
-// fail in confusing ways rather than loudly.
+// Without each setting below, a test fails in a way that looks like a
+// dataplane bug rather than a harness one.
 //
 //   - net.ipv4.ip_forward=1 and net.ipv6.conf.{all,default}.forwarding=1 in
 //     the node: a new namespace starts with forwarding off, and forwarded
@@ -42,17 +49,21 @@
 //     refused" turns into a timeout.
 //   - net.ipv4.icmp_ratelimit=0, net.ipv4.icmp_ratemask=0,
 //     net.ipv6.icmp.ratelimit=0 and an empty net.ipv6.icmp.ratemask in every
-//     namespace: the per-peer and global ICMP limits (1000/s, burst 50)
-//     would turn REJECTs and closed UDP ports into timeouts in tests that
-//     dial many times in a loop.
+//     namespace: REJECTs and closed UDP ports answer with ICMP errors, which
+//     the kernel rate-limits per peer (burst 6) and globally (1000/s, burst
+//     50). icmp_ratelimit=0 lifts only the per-peer limit: measured here,
+//     100 concurrent dials through a REJECT got 6 refusals with the
+//     defaults and 48 with icmp_ratelimit=0 alone, the rest timing out.
+//     icmp_ratemask=0 exempts every ICMP type from both limits.
 //   - route_localnet=1 in the node: NodePorts on 127.0.0.1 in iptables mode
 //     DNAT loopback traffic to a pod; without it the kernel drops packets
 //     with a 127/8 source leaving the loopback device (kube-proxy sets it
 //     itself in that mode, so tests see the same kernel it would).
 //   - rp_filter=0 (all, default and every interface) everywhere: IPv4
-//     settings of a new namespace are inherited from the host namespace,
-//     where distributions enable strict reverse-path filtering, which drops
-//     asymmetric and un-NATed replies.
+//     settings of a new namespace are inherited from the host namespace
+//     (net.core.devconf_inherit_init_net=0), where many distributions
+//     enable strict reverse-path filtering, which drops asymmetric and
+//     un-NATed replies.
 //   - accept_dad=0 and IFA_F_NODAD on every IPv6 address: duplicate address
 //     detection keeps addresses tentative (unusable) for about a second.
 //   - net.bridge.bridge-nf-call-iptables and -ip6tables=1 in the node: a pod
@@ -71,6 +82,13 @@
 //   - New waits until every link's operational state is up: until the
 //     kernel's link watcher has run, a link's queue discipline is "noop",
 //     which drops the first packets sent after the link was brought up.
+//   - An IPv6 REJECT (icmp6-port-unreachable) of a TCP SYN is reported
+//     about 1 s late, and there is no setting to fix it: through veths the
+//     ICMPv6 error arrives while connect() still holds the socket lock, and
+//     tcp_v6_err then drops it (counted as TcpExtLockDroppedIcmps), so only
+//     the retransmitted SYN's error refuses the connection. IPv4 refuses at
+//     once, as do UDP and "--reject-with tcp-reset". Give dials that expect
+//     "connection refused" over IPv6 a timeout of 2 s or more.
 //   - Dials use a fresh source port each time (a per-topology counter over
 //     40000-59999, not the kernel's random choice): conntrack pins a flow to
 //     the backend chosen by its first packet, so a reused port after a rule

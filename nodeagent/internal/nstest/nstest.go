@@ -10,7 +10,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,10 +58,10 @@ const (
 	setupTimeout = 10 * time.Second
 )
 
-// DefaultServiceCIDRs are the ClusterIP ranges routed by the node when
+// defaultServiceCIDRs are the ClusterIP ranges routed by the node when
 // Options.ServiceCIDRs is empty: the kubeadm default and an IPv6 /112 (the
 // largest range Kubernetes accepts for IPv6 services).
-var DefaultServiceCIDRs = []netip.Prefix{
+var defaultServiceCIDRs = []netip.Prefix{
 	netip.MustParsePrefix("10.96.0.0/16"),
 	netip.MustParsePrefix("fd00:96::/112"),
 }
@@ -70,7 +72,7 @@ type Options struct {
 	Pods int
 	// ServiceCIDRs are the ClusterIP ranges the node routes via
 	// NodeExternalLink so its own connections reach OUTPUT DNAT; empty means
-	// DefaultServiceCIDRs.
+	// 10.96.0.0/16 and fd00:96::/112.
 	ServiceCIDRs []netip.Prefix
 }
 
@@ -93,7 +95,7 @@ func (o Options) withDefaults() Options {
 		o.Pods = DefaultPods
 	}
 	if len(o.ServiceCIDRs) == 0 {
-		o.ServiceCIDRs = DefaultServiceCIDRs
+		o.ServiceCIDRs = slices.Clone(defaultServiceCIDRs)
 	}
 	return o
 }
@@ -190,6 +192,7 @@ func New(t testing.TB, opts Options) *Topology {
 		t.Fatalf("nstest: invalid options: %v", err)
 	}
 	opts = opts.withDefaults()
+	sweepLeftovers(t)
 	tp := &Topology{tb: t, opts: opts, labels: map[string]string{}}
 	t.Cleanup(tp.cleanup)
 
@@ -213,15 +216,15 @@ func New(t testing.TB, opts Options) *Topology {
 }
 
 // pickPrefix returns a namespace-name prefix that no existing namespace
-// uses. The hash covers the test name and process id so that parallel
-// packages (separate processes) running tests of the same name differ; the
-// counter separates topologies within one process.
+// uses: "nst", a hash of the test name (to tell tests apart in "ip netns
+// list"), the process id (parallel packages run in separate processes) and
+// a per-process counter, for example "nst3f2a-81234-7".
 func (tp *Topology) pickPrefix(testName string) (string, error) {
 	h := fnv.New32a()
-	fmt.Fprintf(h, "%s/%d", testName, os.Getpid())
-	sum := h.Sum32() & 0xffffff
+	h.Write([]byte(testName))
+	sum := h.Sum32() & 0xffff
 	for range 16 {
-		prefix := fmt.Sprintf("nst%06x-%d", sum, nameSeq.Add(1))
+		prefix := fmt.Sprintf("nst%04x-%d-%d", sum, os.Getpid(), nameSeq.Add(1))
 		if !nsNameUsed(prefix) {
 			return prefix, nil
 		}
@@ -232,6 +235,39 @@ func (tp *Topology) pickPrefix(testName string) (string, error) {
 func nsNameUsed(prefix string) bool {
 	matches, _ := filepath.Glob(filepath.Join("/run/netns", prefix+"-*"))
 	return len(matches) > 0
+}
+
+// leftoverName matches the namespaces New names, capturing the creating
+// process id.
+var leftoverName = regexp.MustCompile(`^nst[0-9a-f]{4}-([0-9]+)-[0-9]+-(node|client|pod-[0-9]+)$`)
+
+var sweepOnce sync.Once
+
+// sweepLeftovers deletes namespaces that New made in processes that no
+// longer exist: a test binary killed by -timeout or a signal runs no
+// cleanups. Namespaces of live processes are never touched.
+func sweepLeftovers(t testing.TB) {
+	t.Helper()
+	sweepOnce.Do(func() {
+		entries, err := os.ReadDir("/run/netns")
+		if err != nil {
+			return
+		}
+		for _, e := range entries {
+			m := leftoverName.FindStringSubmatch(e.Name())
+			if m == nil {
+				continue
+			}
+			if _, err := os.Stat("/proc/" + m[1]); err == nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), ExecTimeout)
+			if _, err := runCmd(ctx, "ip", "netns", "delete", e.Name()); err == nil {
+				t.Logf("nstest: deleted namespace %s left by dead process %s", e.Name(), m[1])
+			}
+			cancel()
+		}
+	})
 }
 
 // NodeNS returns the name of the node namespace, where the dataplane runs.
@@ -249,7 +285,7 @@ func (tp *Topology) Pods() int { return len(tp.podNS) }
 
 // ServiceCIDRs returns the ClusterIP ranges routed by the node.
 func (tp *Topology) ServiceCIDRs() []netip.Prefix {
-	return append([]netip.Prefix(nil), tp.opts.ServiceCIDRs...)
+	return slices.Clone(tp.opts.ServiceCIDRs)
 }
 
 // NodeIP returns the node's IPv4 address on NodeExternalLink, 192.168.100.1.
@@ -281,9 +317,9 @@ func (tp *Topology) PodIP(i int) netip.Addr {
 	return netip.AddrFrom4(a)
 }
 
-// PodIPv6 returns pod i's IPv6 address, fd00:244:1::(10+i) with 10+i
-// written in decimal digits read as hex (fd00:244:1::10 for pod 0, as in
-// the package documentation). It panics if i is out of range.
+// PodIPv6 returns pod i's IPv6 address, fd00:244:1::(10+i), its last group
+// spelled like the last octet of PodIP (pod 0 is fd00:244:1::10, pod 5 is
+// fd00:244:1::15). It panics if i is out of range.
 func (tp *Topology) PodIPv6(i int) netip.Addr {
 	tp.checkPod(i)
 	return netip.MustParseAddr(fmt.Sprintf("fd00:244:1::%d", firstPodOff+i))
@@ -346,7 +382,7 @@ func doIn(ns string, f func() error) error {
 	if err != nil {
 		return fmt.Errorf("opening namespace %s: %w", ns, err)
 	}
-	defer target.Close()
+	defer func() { _ = target.Close() }()
 
 	type result struct {
 		err   error
@@ -361,7 +397,7 @@ func doIn(ns string, f func() error) error {
 			done <- result{err: fmt.Errorf("getting current namespace: %w", err)}
 			return
 		}
-		defer orig.Close()
+		defer func() { _ = orig.Close() }()
 		if err := netns.Set(target); err != nil {
 			done <- result{err: fmt.Errorf("entering namespace %s: %w", ns, err)}
 			return
@@ -492,15 +528,15 @@ func openHandle(ns string) (*handle, error) {
 	}
 	h, err := netlink.NewHandleAt(fd, unix.NETLINK_ROUTE)
 	if err != nil {
-		fd.Close()
+		_ = fd.Close()
 		return nil, fmt.Errorf("netlink handle in %s: %w", ns, err)
 	}
 	return &handle{ns: ns, fd: fd, Handle: h}, nil
 }
 
 func (h *handle) close() {
-	h.Handle.Close()
-	h.fd.Close()
+	h.Close()
+	_ = h.fd.Close()
 }
 
 func (h *handle) link(name string) (netlink.Link, error) {

@@ -1,0 +1,56 @@
+package app
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+func TestOptionsValidate(t *testing.T) {
+	base := []string{"--control-plane=10.0.0.5:9640", "--node-name=node-1", "--cluster-cidr=10.244.0.0/16"}
+	cases := []struct {
+		name string
+		args []string
+		want string // substring of the error; "" for valid
+	}{
+		{"valid", base, ""},
+		{"no control plane", []string{"--node-name=n", "--cluster-cidr=10.244.0.0/16"}, "--control-plane is required"},
+		{"control plane without port", append(base, "--control-plane=cp"), "--control-plane \"cp\""},
+		{"bad node name", append(base, "--node-name=Node_1"), "--node-name"},
+		{"relative state dir", append(base, "--state-dir=var/lib"), "absolute"},
+		{"unknown mode", append(base, "--proxy-mode=ebpf"), "--proxy-mode"},
+		{"bad cluster cidr", append(base, "--cluster-cidr=10.244.0.0/33"), "--cluster-cidr"},
+		{"ClusterCIDR mode without cidr", []string{"--control-plane=a:1", "--node-name=n"}, "needs --cluster-cidr"},
+		{"NodeCIDR mode needs no cidr", []string{"--control-plane=a:1", "--node-name=n", "--detect-local-mode=NodeCIDR"}, ""},
+		{"bad local mode", append(base, "--detect-local-mode=Bridge"), "--detect-local-mode"},
+		{"masquerade bit", append(base, "--masquerade-bit=32"), "--masquerade-bit"},
+		{"short sync period", append(base, "--sync-period=10ms"), "--sync-period"},
+		{"bad backend", append(base, "--iptables-backend=xt"), "--iptables-backend"},
+		{"bad healthz address", append(base, "--healthz-bind-address=10256"), "--healthz-bind-address"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := o.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestNodeNameFromEnvironment(t *testing.T) {
+	t.Setenv("NODE_NAME", "Worker-7")
+	if got := NewOptions().NodeName; got != "worker-7" {
+		t.Errorf("node name %q, want worker-7 from $NODE_NAME, lowercased", got)
+	}
+}
