@@ -1,0 +1,91 @@
+package app
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/agent"
+	"github.com/proxyplane/proxyplane/nodeagent/cache"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+func TestShowCache(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "table.db")
+	var out bytes.Buffer
+	if err := ShowCache(&out, path); err == nil {
+		t.Fatalf("no error for a missing cache; printed %q", out.String())
+	}
+
+	c, _, err := cache.Open(path, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := &pb.ServiceEntry{Key: "default/web", Hash: 5, Service: &pb.Service{
+		Namespace: "default", Name: "web", ClusterIps: []string{"10.96.0.10"},
+		Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80}},
+	}}
+	table, err := proxytable.FromSnapshot(&pb.Snapshot{Version: "000000000000000c", Node: &pb.NodeInfo{Name: "n", Hash: 7}, Entries: []*pb.ServiceEntry{entry}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Save(table, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := ShowCache(&out, path); err == nil {
+		t.Error("show-cache read a cache the agent holds; want a clear lock error")
+	}
+	_ = c.Close()
+
+	out.Reset()
+	if err := ShowCache(&out, path); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"version 000000000000000c, 1 services", `"key": "default/web"`, `"10.96.0.10"`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("show-cache output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestHealthEndpoints(t *testing.T) {
+	h := agent.NewHealth(time.Hour)
+	srv := httptest.NewServer(healthHandler(h))
+	defer srv.Close()
+	get := func(path string) (int, map[string]any) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, body
+	}
+	for _, path := range []string{"/healthz", "/livez"} {
+		if code, body := get(path); code != http.StatusOK || body["currentTime"] == nil {
+			t.Errorf("%s: %d %v, want 200 with kube-proxy's fields", path, code, body)
+		}
+	}
+	stale := agent.NewHealth(time.Nanosecond) // pending since creation, long past the timeout
+	srv2 := httptest.NewServer(healthHandler(stale))
+	defer srv2.Close()
+	resp, err := http.Get(srv2.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("stale agent: /healthz %d, want 503", resp.StatusCode)
+	}
+}

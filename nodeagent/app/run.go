@@ -1,0 +1,160 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/agent"
+	"github.com/proxyplane/proxyplane/nodeagent/cache"
+	"github.com/proxyplane/proxyplane/nodeagent/client"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
+	"github.com/proxyplane/proxyplane/nodeagent/metrics"
+)
+
+// Version is the agent's build version, reported in the hello.
+var Version = "dev"
+
+// Run runs the node agent until ctx ends. o must be valid.
+func Run(ctx context.Context, o *Options, log *slog.Logger) error {
+	dp, err := newDataplane(o)
+	if err != nil {
+		return err
+	}
+	// The cache is loaded, and programmed by the agent, before the control
+	// plane is contacted: the node forwards even when none is reachable.
+	c, cached, err := cache.Open(o.CachePath(), log.With("component", "cache"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if cached != nil {
+		log.Info("loaded cached table", "version", cached.Version, "services", len(cached.Entries))
+	}
+	a := agent.New(agent.Config{SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod},
+		dp, c, cached, log.With("component", "agent"))
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics.Register(reg)
+	servers := []*http.Server{
+		{Addr: o.HealthzBindAddress, Handler: healthHandler(a.Health()), ReadHeaderTimeout: 10 * time.Second},
+		{Addr: o.MetricsBindAddress, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ReadHeaderTimeout: 10 * time.Second},
+	}
+
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.Run(ctx) })
+	g.Go(func() error {
+		return client.Run(ctx, client.Options{
+			Addresses: o.ControlPlanes,
+			NodeName:  o.NodeName,
+			Capabilities: &pb.Capabilities{
+				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: Version,
+			},
+			// TLS and node identity come with authentication (a later
+			// issue); until then the transport is plaintext.
+			DialOptions:         []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			BackoffMin:          500 * time.Millisecond,
+			BackoffMax:          30 * time.Second,
+			SilenceTimeout:      time.Minute,
+			MaxRecvMessageBytes: 64 << 20,
+			OnConnected: func(up bool) {
+				metrics.Connected.Set(map[bool]float64{true: 1, false: 0}[up])
+			},
+		}, a, log.With("component", "client"))
+	})
+	for _, s := range servers {
+		lis, err := net.Listen("tcp", s.Addr)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", s.Addr, err)
+		}
+		g.Go(func() error {
+			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("serving %s: %w", s.Addr, err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for _, s := range servers {
+			_ = s.Shutdown(sctx)
+		}
+		return nil
+	})
+	log.Info("node agent started", "node", o.NodeName, "controlPlanes", o.ControlPlanes, "mode", o.ProxyMode)
+	return g.Wait()
+}
+
+// newDataplane builds one iptables dataplane per IP family.
+func newDataplane(o *Options) (dataplane.Dataplane, error) {
+	var dps []dataplane.Dataplane
+	for _, family := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		cfg := iptables.DefaultConfig(family)
+		cfg.Backend = iptables.Backend(o.IPTablesBackend)
+		cfg.MasqueradeBit = o.MasqueradeBit
+		cfg.LocalMode = iptables.LocalMode(o.DetectLocalMode)
+		cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
+		cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
+		cfg.OnRestoreFailure = func(bool) { metrics.IPTablesRestoreFailuresTotal.Inc() }
+		if cfg.LocalMode == iptables.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
+			// No pod CIDR of this family: nothing to recognise.
+			cfg.LocalMode = iptables.LocalNone
+		}
+		dp, err := iptables.New(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("%s dataplane: %w", family, err)
+		}
+		dps = append(dps, dp)
+	}
+	return dataplane.Join(dps...), nil
+}
+
+// cidrsOf keeps the CIDRs of family; Validate has parsed them all.
+func cidrsOf(family iptables.Family, cidrs []string) []string {
+	prefixes, _ := parseCIDRs(cidrs)
+	var out []string
+	for _, p := range prefixes {
+		if p.Addr().Is4() == (family == iptables.IPv4) {
+			out = append(out, p.String())
+		}
+	}
+	return out
+}
+
+// healthHandler serves /healthz and /livez with kube-proxy's meaning and
+// body: 200 while no table change has waited longer than the timeout.
+func healthHandler(h *agent.Health) http.Handler {
+	serve := func(w http.ResponseWriter, _ *http.Request) {
+		now := time.Now()
+		ok, last := h.Healthy(now)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		if !ok {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{
+			"lastUpdated": last.Format(time.RFC3339Nano), "currentTime": now.Format(time.RFC3339Nano), "nodeEligible": true,
+		})
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", serve)
+	mux.HandleFunc("/livez", serve)
+	return mux
+}

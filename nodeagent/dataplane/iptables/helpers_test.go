@@ -1,0 +1,676 @@
+package iptables
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+// ---- Tables -------------------------------------------------------------
+
+// testNode is the node every unit-test table belongs to.
+func testNode() *pb.NodeInfo {
+	return &pb.NodeInfo{Name: "node-a", PodCidrs: []string{"10.244.1.0/24", "fd00:244:1::/64"}, Hash: 7}
+}
+
+// newTable validates entries into a Table the way the agent would receive
+// it: entry hashes are computed from content and the version is their sum.
+func newTable(tb testing.TB, node *pb.NodeInfo, services ...*pb.Service) *proxytable.Table {
+	tb.Helper()
+	entries := make([]*pb.ServiceEntry, 0, len(services))
+	for _, s := range services {
+		entries = append(entries, entry(s))
+	}
+	t, err := proxytable.FromEntries(version(node, entries), node, entries)
+	if err != nil {
+		tb.Fatalf("building table: %v", err)
+	}
+	return t
+}
+
+// entry wraps s with its key and a content hash.
+func entry(s *pb.Service) *pb.ServiceEntry {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(s)
+	if err != nil {
+		panic(err)
+	}
+	return &pb.ServiceEntry{Key: s.Namespace + "/" + s.Name, Hash: xxhash.Sum64(b), Service: s}
+}
+
+// version is what proxytable checks: node hash plus entry hashes.
+func version(node *pb.NodeInfo, entries []*pb.ServiceEntry) string {
+	sum := node.GetHash()
+	for _, e := range entries {
+		sum += e.GetHash()
+	}
+	return fmt.Sprintf("%016x", sum)
+}
+
+// svc is a ClusterIP Service with defaults; mutate the result.
+func svc(ns, name string, clusterIPs ...string) *pb.Service {
+	return &pb.Service{
+		Namespace: ns, Name: name, Type: pb.ServiceType_SERVICE_TYPE_CLUSTER_IP, ClusterIps: clusterIPs,
+		ExternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
+		InternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
+	}
+}
+
+// port is a ServicePort; has says whether endpoints exist anywhere.
+func port(name string, proto pb.Protocol, p, nodePort int32, has bool) *pb.ServicePort {
+	return &pb.ServicePort{Name: name, Protocol: proto, Port: p, NodePort: nodePort, HasEndpoints: has}
+}
+
+const (
+	tcp  = pb.Protocol_PROTOCOL_TCP
+	udp  = pb.Protocol_PROTOCOL_UDP
+	sctp = pb.Protocol_PROTOCOL_SCTP
+)
+
+// eps lists endpoints "ip:port" (or "[ip6]:port") of a port.
+func eps(portName string, addrs ...string) *pb.PortEndpoints {
+	pe := &pb.PortEndpoints{PortName: portName}
+	for _, a := range addrs {
+		host, p, err := net.SplitHostPort(a)
+		if err != nil {
+			panic(err)
+		}
+		n, _ := strconv.Atoi(p)
+		pe.Endpoints = append(pe.Endpoints, &pb.Endpoint{Ip: host, Port: int32(n), Ready: true, Serving: true})
+	}
+	return pe
+}
+
+// testConfig is the unit tests' configuration of family.
+func testConfig(family Family) Config {
+	c := DefaultConfig(family)
+	c.Backend = BackendNFT
+	c.LocalMode = LocalClusterCIDR
+	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
+	c.NodeIPs = []string{"192.168.100.1", "fd00:100::1"}
+	return c
+}
+
+// renderFull renders t as a full sync would on an empty kernel.
+func renderFull(t *proxytable.Table, cfg Config) *ruleset {
+	return render(&renderInput{table: t, params: newParams(&cfg, t.Node), full: true})
+}
+
+// ---- Fake runner and kernel ----------------------------------------------
+
+// fakeRunner records calls and applies restores to a model of the
+// kernel's tables with iptables-restore --noflush semantics, refusing
+// what the kernel refuses (unknown chains, deleting a referenced chain).
+type fakeRunner struct {
+	kernel   *fakeKernel
+	restores []fakeRestore
+	saves    []string
+	ensured  int
+	// failRestore, when set, fails the next restores: the restore is not
+	// applied and the error returned.
+	failRestore func(data string) error
+	// saveOutput overrides Save (for detection tests).
+	saveOutput map[string]string
+}
+
+type fakeRestore struct {
+	data  string
+	flags []string
+}
+
+func newFakeRunner() *fakeRunner { return &fakeRunner{kernel: newFakeKernel()} }
+
+func (f *fakeRunner) Restore(_ context.Context, data []byte, flags ...string) error {
+	f.restores = append(f.restores, fakeRestore{data: string(data), flags: flags})
+	if f.failRestore != nil {
+		if err := f.failRestore(string(data)); err != nil {
+			return err
+		}
+	}
+	if !slices.Contains(flags, "--noflush") {
+		return fmt.Errorf("fake runner: restore without --noflush would flush the whole table")
+	}
+	if line, err := f.kernel.apply(string(data)); err != nil {
+		return &RestoreError{Binary: "fake-restore", Line: line, Stderr: err.Error(), Err: err}
+	}
+	return nil
+}
+
+func (f *fakeRunner) Save(_ context.Context, table string) ([]byte, error) {
+	f.saves = append(f.saves, table)
+	if f.saveOutput != nil {
+		return []byte(f.saveOutput[table]), nil
+	}
+	return []byte(f.kernel.save(table)), nil
+}
+
+func (f *fakeRunner) EnsureRule(_ context.Context, table, chain string, rule ...string) error {
+	f.ensured++
+	tb := f.kernel.tables[table]
+	if _, ok := tb.chains[chain]; !ok {
+		return fmt.Errorf("fake: no chain %s/%s", table, chain)
+	}
+	text := strings.Join(quoteArgs(rule), " ")
+	if slices.Contains(tb.chains[chain], text) {
+		return nil
+	}
+	if target := ruleTarget(text); !builtinTarget(target) {
+		if _, ok := tb.chains[target]; !ok {
+			return fmt.Errorf("fake: no chain %s/%s", table, target)
+		}
+	}
+	tb.chains[chain] = append([]string{text}, tb.chains[chain]...)
+	return nil
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsRune(a, ' ') {
+			a = `"` + a + `"`
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// fakeKernel holds chains as rule text (the "-A CHAIN" prefix removed).
+type fakeKernel struct {
+	tables map[string]*fakeTable
+}
+
+type fakeTable struct {
+	chains map[string][]string
+	order  []string // user chains in creation order
+}
+
+var builtinChains = map[string][]string{
+	"nat":    {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	"filter": {"INPUT", "FORWARD", "OUTPUT"},
+	"mangle": {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
+}
+
+func newFakeKernel() *fakeKernel {
+	k := &fakeKernel{tables: map[string]*fakeTable{}}
+	for name, chains := range builtinChains {
+		t := &fakeTable{chains: map[string][]string{}}
+		for _, c := range chains {
+			t.chains[c] = nil
+		}
+		k.tables[name] = t
+	}
+	return k
+}
+
+func (t *fakeTable) clone() *fakeTable {
+	c := &fakeTable{chains: make(map[string][]string, len(t.chains)), order: slices.Clone(t.order)}
+	for k, v := range t.chains {
+		c.chains[k] = slices.Clone(v)
+	}
+	return c
+}
+
+func isBuiltinChain(table, chain string) bool { return slices.Contains(builtinChains[table], chain) }
+
+func builtinTarget(t string) bool {
+	switch t {
+	case "", "ACCEPT", "DROP", "REJECT", "RETURN", "DNAT", "SNAT", "MASQUERADE", "MARK":
+		return true
+	}
+	return false
+}
+
+// apply runs restore input; on error it returns the failing line and
+// leaves the table being processed unchanged (tables before it stay
+// committed, as with the real tool).
+func (k *fakeKernel) apply(data string) (int, error) {
+	var cur *fakeTable
+	var name string
+	for i, line := range strings.Split(strings.TrimSuffix(data, "\n"), "\n") {
+		n := i + 1
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "*"):
+			name = line[1:]
+			if k.tables[name] == nil {
+				return n, fmt.Errorf("unknown table %s", name)
+			}
+			cur = k.tables[name].clone()
+		case line == "COMMIT":
+			// Validate jump targets, as the kernel does at commit.
+			for c, rules := range cur.chains {
+				for _, r := range rules {
+					if t := ruleTarget(r); !builtinTarget(t) {
+						if _, ok := cur.chains[t]; !ok {
+							return n, fmt.Errorf("chain %s jumps to missing %s", c, t)
+						}
+					}
+				}
+			}
+			k.tables[name] = cur
+			cur = nil
+		case strings.HasPrefix(line, ":"):
+			c := strings.Fields(line[1:])[0]
+			if isBuiltinChain(name, c) {
+				return n, fmt.Errorf("restore must not declare built-in chain %s", c)
+			}
+			if _, ok := cur.chains[c]; !ok {
+				cur.order = append(cur.order, c)
+			}
+			cur.chains[c] = nil // create or flush
+		case strings.HasPrefix(line, "-A "):
+			c, rest, _ := strings.Cut(line[3:], " ")
+			if _, ok := cur.chains[c]; !ok {
+				return n, fmt.Errorf("append to missing chain %s", c)
+			}
+			if t := ruleTarget(rest); !builtinTarget(t) {
+				if _, ok := cur.chains[t]; !ok {
+					return n, fmt.Errorf("jump to missing chain %s", t)
+				}
+			}
+			cur.chains[c] = append(cur.chains[c], rest)
+		case strings.HasPrefix(line, "-X "):
+			c := strings.TrimSpace(line[3:])
+			if _, ok := cur.chains[c]; !ok {
+				return n, fmt.Errorf("delete missing chain %s", c)
+			}
+			for other, rules := range cur.chains {
+				for _, r := range rules {
+					if ruleTarget(r) == c {
+						return n, fmt.Errorf("delete chain %s referenced by %s", c, other)
+					}
+				}
+			}
+			delete(cur.chains, c)
+			cur.order = slices.DeleteFunc(cur.order, func(s string) bool { return s == c })
+		default:
+			return n, fmt.Errorf("unsupported line %q", line)
+		}
+	}
+	if cur != nil {
+		return 0, fmt.Errorf("missing COMMIT")
+	}
+	return 0, nil
+}
+
+// save dumps a table like iptables-save (without counters or reordering).
+func (k *fakeKernel) save(table string) string {
+	t := k.tables[table]
+	var b strings.Builder
+	b.WriteString("*" + table + "\n")
+	for _, c := range builtinChains[table] {
+		b.WriteString(":" + c + " ACCEPT [0:0]\n")
+	}
+	names := slices.Sorted(slices.Values(t.order))
+	for _, c := range names {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, c := range append(slices.Clone(builtinChains[table]), names...) {
+		for _, r := range t.chains[c] {
+			b.WriteString("-A " + c + " " + r + "\n")
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// dump returns our (PP-) chains of table with their rules, sorted by
+// chain, for comparing kernels.
+func (k *fakeKernel) dump(table string) string {
+	t := k.tables[table]
+	var b strings.Builder
+	for _, c := range slices.Sorted(slices.Values(t.order)) {
+		if !strings.HasPrefix(c, "PP-") {
+			continue // not ours
+		}
+		b.WriteString(":" + c + "\n")
+		for _, r := range t.chains[c] {
+			b.WriteString("  " + r + "\n")
+		}
+	}
+	return b.String()
+}
+
+// ruleTarget returns the -j target of rule text.
+func ruleTarget(rule string) string {
+	args := tokenize(rule)
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "-j" {
+			return args[i+1]
+		}
+	}
+	return ""
+}
+
+// tokenize splits rule text on spaces, keeping double-quoted strings.
+func tokenize(s string) []string {
+	var out []string
+	var cur strings.Builder
+	in, has := false, false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			in, has = !in, true
+		case r == ' ' && !in:
+			if has || cur.Len() > 0 {
+				out = append(out, cur.String())
+			}
+			cur.Reset()
+			has = false
+		default:
+			cur.WriteRune(r)
+		}
+	}
+	if has || cur.Len() > 0 {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// ---- Packet tracer -------------------------------------------------------
+
+// flow is a new connection's first packet as the node sees it.
+type flow struct {
+	src, dst string
+	proto    string // tcp, udp, sctp
+	dport    int
+	// fromNode: the node itself opens the connection (nat OUTPUT);
+	// otherwise the packet arrives from a pod or a client (PREROUTING).
+	fromNode bool
+}
+
+// outcome is where one possible path of a packet ends.
+type outcome struct {
+	dnat    string // "ip:port" the packet was DNATed to, "" if none
+	verdict string // ACCEPT, DROP or REJECT, after the filter table
+	masq    bool   // masqueraded in POSTROUTING
+}
+
+func (o outcome) String() string {
+	return fmt.Sprintf("{dnat:%q verdict:%s masq:%v}", o.dnat, o.verdict, o.masq)
+}
+
+// tracer walks a packet through a fakeKernel's chains the way netfilter
+// would (nat PREROUTING or OUTPUT, routing, filter INPUT, FORWARD or
+// OUTPUT, nat POSTROUTING), following every branch a statistic match
+// could take, like kube-proxy's tracePacket.
+type tracer struct {
+	tb     testing.TB
+	kernel *fakeKernel
+	// local are the node's addresses (addrtype LOCAL).
+	local []netip.Addr
+	// recent holds affinity entries: recent list name -> source IPs.
+	recent map[string][]string
+}
+
+func newTracer(tb testing.TB, k *fakeKernel, local ...string) *tracer {
+	tr := &tracer{tb: tb, kernel: k, recent: map[string][]string{}}
+	for _, a := range local {
+		tr.local = append(tr.local, netip.MustParseAddr(a))
+	}
+	return tr
+}
+
+type pktState struct {
+	src, dst netip.Addr
+	dport    int
+	proto    string
+	mark     uint32
+	dnat     string
+	verdict  string // "" while undecided
+	masq     bool
+	// recentSet names the recent lists a --set rule added the source to.
+	recentSet []string
+}
+
+// trace returns every outcome the flow can have, deduplicated.
+func (tr *tracer) trace(f flow) []outcome {
+	tr.tb.Helper()
+	start := pktState{src: netip.MustParseAddr(f.src), dst: netip.MustParseAddr(f.dst), dport: f.dport, proto: f.proto}
+	natHook, filterHook := "PREROUTING", ""
+	if f.fromNode {
+		natHook = "OUTPUT"
+	}
+	var outs []outcome
+	for _, s := range tr.chain("nat", natHook, start, 0) {
+		s.verdict = ""
+		switch {
+		case f.fromNode:
+			filterHook = "OUTPUT"
+		case slices.Contains(tr.local, s.dst):
+			filterHook = "INPUT"
+		default:
+			filterHook = "FORWARD"
+		}
+		for _, fs := range tr.chain("filter", filterHook, s, 0) {
+			if fs.verdict == "" || fs.verdict == "RETURN" {
+				fs.verdict = "ACCEPT"
+			}
+			if fs.verdict != "ACCEPT" || filterHook == "INPUT" {
+				outs = append(outs, outcome{dnat: fs.dnat, verdict: fs.verdict})
+				continue
+			}
+			fs.verdict = ""
+			for _, ps := range tr.chain("nat", "POSTROUTING", fs, 0) {
+				outs = append(outs, outcome{dnat: ps.dnat, verdict: "ACCEPT", masq: ps.masq})
+			}
+		}
+	}
+	slices.SortFunc(outs, func(a, b outcome) int { return strings.Compare(a.String(), b.String()) })
+	return slices.Compact(outs)
+}
+
+// chain evaluates chain and returns the states in which the packet can
+// leave it: with a verdict, or with verdict "" (fell off the end or
+// RETURNed) to continue in the caller.
+func (tr *tracer) chain(table, chain string, s pktState, depth int) []pktState {
+	if depth > 20 {
+		tr.tb.Fatalf("trace: chain depth exceeded at %s/%s", table, chain)
+	}
+	rules, ok := tr.kernel.tables[table].chains[chain]
+	if !ok {
+		tr.tb.Fatalf("trace: no chain %s/%s", table, chain)
+	}
+	var done []pktState
+	live := []pktState{s}
+	for _, rule := range rules {
+		var next []pktState
+		for _, st := range live {
+			for _, br := range tr.rule(table, rule, st, depth) {
+				switch br.verdict {
+				case "":
+					next = append(next, br)
+				case "RETURN":
+					br.verdict = ""
+					done = append(done, br)
+				default:
+					done = append(done, br)
+				}
+			}
+		}
+		live = next
+		if len(live) == 0 {
+			break
+		}
+	}
+	return append(done, live...)
+}
+
+// rule applies one rule to s and returns the resulting branches.
+func (tr *tracer) rule(table, rule string, s pktState, depth int) []pktState {
+	args := tokenize(rule)
+	branchProb := 1.0
+	target := ""
+	var targetArgs []string
+	neg := false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		val := func() string {
+			i++
+			if i >= len(args) {
+				tr.tb.Fatalf("trace: %q: %s needs a value", rule, a)
+			}
+			return args[i]
+		}
+		match := true
+		switch a {
+		case "!":
+			neg = true
+			continue
+		case "-m":
+			val()
+			continue
+		case "--comment", "--mode", "--seconds":
+			val()
+			continue
+		case "--reap":
+			continue
+		case "-p":
+			match = val() == s.proto
+		case "--dport":
+			match = val() == strconv.Itoa(s.dport)
+		case "-d":
+			match = prefixOf(val()).Contains(s.dst)
+		case "-s":
+			match = prefixOf(val()).Contains(s.src)
+		case "--dst-type":
+			if val() != "LOCAL" {
+				tr.tb.Fatalf("trace: unsupported addrtype in %q", rule)
+			}
+			match = slices.Contains(tr.local, s.dst)
+		case "--src-type":
+			if val() != "LOCAL" {
+				tr.tb.Fatalf("trace: unsupported addrtype in %q", rule)
+			}
+			match = slices.Contains(tr.local, s.src)
+		case "--ctstate":
+			match = slices.Contains(strings.Split(val(), ","), "NEW")
+		case "--mark":
+			v, m, _ := strings.Cut(val(), "/")
+			vv, _ := strconv.ParseUint(v, 0, 32)
+			mm := uint64(0xffffffff)
+			if m != "" {
+				mm, _ = strconv.ParseUint(m, 0, 32)
+			}
+			match = uint64(s.mark)&mm == vv
+		case "--probability":
+			p, err := strconv.ParseFloat(val(), 64)
+			if err != nil {
+				tr.tb.Fatalf("trace: %q: %v", rule, err)
+			}
+			branchProb = p
+			continue
+		case "--name":
+			name := val()
+			// The flag after --name says what to do with the list.
+			if i+1 < len(args) && args[i+1] == "--rcheck" {
+				i++
+				match = slices.Contains(tr.recent[name], s.src.String())
+			} else if i+1 < len(args) && args[i+1] == "--set" {
+				i++
+				s.recentSet = append(slices.Clone(s.recentSet), name)
+			}
+		case "-j":
+			target = val()
+			targetArgs = args[i+1:]
+			i = len(args)
+			continue
+		default:
+			tr.tb.Fatalf("trace: unsupported option %q in %q", a, rule)
+		}
+		if neg {
+			match, neg = !match, false
+		}
+		if !match {
+			return []pktState{s}
+		}
+	}
+	taken := tr.target(table, target, targetArgs, s, depth)
+	if branchProb < 1 {
+		// Either the random match fires or it does not.
+		return append(taken, s)
+	}
+	return taken
+}
+
+func (tr *tracer) target(table, target string, args []string, s pktState, depth int) []pktState {
+	switch target {
+	case "":
+		return []pktState{s}
+	case "ACCEPT", "DROP", "REJECT", "RETURN":
+		s.verdict = target
+		return []pktState{s}
+	case "DNAT":
+		if len(args) < 2 || args[0] != "--to-destination" {
+			tr.tb.Fatalf("trace: bad DNAT %v", args)
+		}
+		ap := netip.MustParseAddrPort(args[1])
+		s.dst, s.dport, s.dnat, s.verdict = ap.Addr(), int(ap.Port()), args[1], "ACCEPT"
+		return []pktState{s}
+	case "MARK":
+		v, _ := strconv.ParseUint(args[1], 0, 32)
+		switch args[0] {
+		case "--or-mark":
+			s.mark |= uint32(v)
+		case "--xor-mark":
+			s.mark ^= uint32(v)
+		default:
+			tr.tb.Fatalf("trace: bad MARK %v", args)
+		}
+		return []pktState{s}
+	case "MASQUERADE":
+		s.masq, s.verdict = true, "ACCEPT"
+		return []pktState{s}
+	}
+	var out []pktState
+	for _, st := range tr.chain(table, target, s, depth+1) {
+		out = append(out, st) // verdict "" continues in the caller
+	}
+	return out
+}
+
+func prefixOf(s string) netip.Prefix {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p
+	}
+	a := netip.MustParseAddr(s)
+	return netip.PrefixFrom(a, a.BitLen())
+}
+
+// scaleServices returns n ClusterIP+NodePort Services "ns/svc-i" with
+// perSvc endpoints each, for size tests and benchmarks. Service i has
+// cluster IP 10.96.0.0+i+1 and NodePort 30000+i%2000 (reused ports are
+// fine for rule loading); endpoints are in 10.128.0.0/9.
+func scaleServices(n, perSvc int) []*pb.Service {
+	out := make([]*pb.Service, 0, n)
+	for i := range n {
+		s := svc("ns", "svc-"+strconv.Itoa(i), addrAt("10.96.0.0", i+1))
+		s.Type = pb.ServiceType_SERVICE_TYPE_NODE_PORT
+		s.Ports = []*pb.ServicePort{port("http", tcp, 80, int32(30000+i%2000), true)}
+		addrs := make([]string, perSvc)
+		for j := range perSvc {
+			addrs[j] = addrAt("10.128.0.0", i*perSvc+j+1) + ":8080"
+		}
+		s.ClusterEndpoints = []*pb.PortEndpoints{eps("http", addrs...)}
+		out = append(out, s)
+	}
+	return out
+}
+
+// addrAt returns base + off as an IPv4 address.
+func addrAt(base string, off int) string {
+	b := netip.MustParseAddr(base).As4()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v += uint32(off)
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
+}

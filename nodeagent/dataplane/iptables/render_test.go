@@ -1,0 +1,166 @@
+package iptables
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current renderer")
+
+// TestGolden renders each case as a full sync and compares it with
+// testdata/<case>.golden. Run with -update to accept a change, then read
+// the diff: it is the ruleset change under review.
+func TestGolden(t *testing.T) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := c.config()
+			rs := renderFull(newTable(t, testNode(), c.services()...), cfg)
+			path := filepath.Join("testdata", c.name+".golden")
+			if *update {
+				if err := os.WriteFile(path, rs.data, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("reading golden (run with -update to create it): %v", err)
+			}
+			if got := string(rs.data); got != string(want) {
+				t.Errorf("ruleset differs from %s (run with -update and review the diff):\n%s", path, lineDiff(string(want), got))
+			}
+			// The kernel model must accept it: every jump target exists,
+			// nothing deleted is still referenced.
+			f := newFakeRunner()
+			d := newDataplane(cfg, map[Backend]runner{BackendNFT: f})
+			if err := d.Sync(context.Background(), newTable(t, testNode(), c.services()...), nil, true); err != nil {
+				t.Fatalf("Sync: %v", err)
+			}
+		})
+	}
+}
+
+// TestRenderDeterministic checks that rendering twice, with services in a
+// different order, gives the same bytes (goldens and partial-sync
+// comparisons rely on it).
+func TestRenderDeterministic(t *testing.T) {
+	var all []*pb.Service
+	seen := map[string]bool{}
+	for _, c := range cases {
+		for _, s := range c.services() {
+			if k := s.Namespace + "/" + s.Name; !seen[k] {
+				seen[k] = true
+				all = append(all, s)
+			}
+		}
+	}
+	cfg := testConfig(IPv4)
+	a := renderFull(newTable(t, testNode(), all...), cfg)
+	rev := make([]*pb.Service, len(all))
+	for i, s := range all {
+		rev[len(all)-1-i] = s
+	}
+	b := renderFull(newTable(t, testNode(), rev...), cfg)
+	if string(a.data) != string(b.data) {
+		t.Fatalf("render depends on input order:\n%s", lineDiff(string(a.data), string(b.data)))
+	}
+}
+
+// TestChainNames pins the hash scheme to kube-proxy's: the same service
+// port gives the same suffix as KUBE-SVC-, so operators can correlate.
+func TestChainNames(t *testing.T) {
+	// kube-proxy's proxier_test.go expects KUBE-SVC-XPGD46QRK7WJZT7O for
+	// ns1/svc1:p80 tcp.
+	if got := prefixSvc + portHash(servicePortName("ns1/svc1", "p80"), "tcp"); got != "PP-SVC-XPGD46QRK7WJZT7O" {
+		t.Errorf("service chain = %s, want PP-SVC-XPGD46QRK7WJZT7O", got)
+	}
+	for _, name := range []string{"PP-SVC-XPGD46QRK7WJZT7O", "PP-SEP-AAAAAAAAAAAAAAAA", "PP-FW-AAAAAAAAAAAAAAAA"} {
+		if len(name) > 28 {
+			t.Errorf("%s is longer than iptables' 28 characters", name)
+		}
+		if !isServiceChain(name) {
+			t.Errorf("isServiceChain(%s) = false", name)
+		}
+	}
+	for _, name := range []string{chainServices, chainNodePorts, chainMarkMasq, "KUBE-SVC-XPGD46QRK7WJZT7O"} {
+		if isServiceChain(name) {
+			t.Errorf("isServiceChain(%s) = true: full syncs would delete it", name)
+		}
+	}
+}
+
+// TestProbability pins kube-proxy's formatting.
+func TestProbability(t *testing.T) {
+	for n, want := range map[int]string{2: "0.5000000000", 3: "0.3333333333", 7: "0.1428571429", 1000: "0.0010000000"} {
+		if got := probability(n); got != want {
+			t.Errorf("probability(%d) = %s, want %s", n, got, want)
+		}
+	}
+}
+
+// TestFamilyFiltering checks that each family's ruleset holds only its own
+// addresses, and that a Service without a cluster IP of the family is not
+// programmed at all.
+func TestFamilyFiltering(t *testing.T) {
+	v6only := svc("ns", "v6only", "fd00:96::200")
+	v6only.Ports = []*pb.ServicePort{port("", tcp, 80, 30200, true)}
+	v6only.ClusterEndpoints = []*pb.PortEndpoints{eps("", "[fd00:244:2::20]:80")}
+	tbl := newTable(t, testNode(), dualStackService(), v6only)
+
+	v4 := string(renderFull(tbl, testConfig(IPv4)).data)
+	v6 := string(renderFull(tbl, testConfig(IPv6)).data)
+	for _, s := range []string{"fd00:", "ns/v6only"} {
+		if strings.Contains(v4, s) {
+			t.Errorf("IPv4 ruleset mentions %q:\n%s", s, v4)
+		}
+	}
+	for _, s := range []string{"10.96.", "10.244.", "127.0.0.0/8"} {
+		if strings.Contains(v6, s) {
+			t.Errorf("IPv6 ruleset mentions %q:\n%s", s, v6)
+		}
+	}
+	if !strings.Contains(v6, "[fd00:244:1::10]:8080") || !strings.Contains(v6, "! -d ::1/128") {
+		t.Errorf("IPv6 ruleset lacks bracketed DNAT target or loopback exclusion:\n%s", v6)
+	}
+}
+
+// TestLargeClusterDropsComments checks kube-proxy's large-cluster mode:
+// above 1000 endpoints, per-endpoint rules carry no comments.
+func TestLargeClusterDropsComments(t *testing.T) {
+	tbl := newTable(t, testNode(), scaleServices(400, 3)...)
+	rs := renderFull(tbl, testConfig(IPv4))
+	for _, line := range strings.Split(string(rs.data), "\n") {
+		if strings.HasPrefix(line, "-A PP-SEP-") && strings.Contains(line, "--comment") {
+			t.Fatalf("large cluster: endpoint rule has a comment: %s", line)
+		}
+	}
+	small := renderFull(newTable(t, testNode(), scaleServices(10, 3)...), testConfig(IPv4))
+	if !strings.Contains(string(small.data), "-A PP-SEP-") || !strings.Contains(string(small.data), "--comment ns/svc-0:http -s") {
+		t.Fatalf("small cluster: endpoint rules lack comments")
+	}
+}
+
+// lineDiff is a minimal line diff for failure messages.
+func lineDiff(want, got string) string {
+	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
+	var b strings.Builder
+	for i := 0; i < max(len(w), len(g)); i++ {
+		var wl, gl string
+		if i < len(w) {
+			wl = w[i]
+		}
+		if i < len(g) {
+			gl = g[i]
+		}
+		if wl != gl {
+			b.WriteString("line " + itoa(int32(i+1)) + ":\n  want: " + wl + "\n  got:  " + gl + "\n")
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,441 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+// syncer drives a Dataplane over a fake kernel through a series of tables,
+// computing the changed keys the way proxytable.Apply reports them.
+type syncer struct {
+	t    *testing.T
+	cfg  Config
+	f    *fakeRunner
+	d    *Dataplane
+	prev *proxytable.Table
+}
+
+func newSyncer(t *testing.T, cfg Config) *syncer {
+	f := newFakeRunner()
+	return &syncer{t: t, cfg: cfg, f: f, d: newDataplane(cfg, map[Backend]runner{cfg.Backend: f}), prev: proxytable.Empty()}
+}
+
+// sync programs services, fully or as a delta from the previous table,
+// and returns the restore input written ("" for none) and the error.
+func (s *syncer) sync(full bool, services ...*pb.Service) (string, error) {
+	s.t.Helper()
+	return s.syncNode(full, testNode(), services...)
+}
+
+func (s *syncer) syncNode(full bool, node *pb.NodeInfo, services ...*pb.Service) (string, error) {
+	s.t.Helper()
+	next := newTable(s.t, node, services...)
+	var changed []string
+	for k, e := range next.Entries {
+		if old, ok := s.prev.Entries[k]; !ok || old.GetHash() != e.GetHash() {
+			changed = append(changed, k)
+		}
+	}
+	for k := range s.prev.Entries {
+		if _, ok := next.Entries[k]; !ok {
+			changed = append(changed, k)
+		}
+	}
+	slices.Sort(changed)
+	n := len(s.f.restores)
+	err := s.d.Sync(context.Background(), next, changed, full)
+	if err == nil {
+		s.prev = next
+	}
+	if len(s.f.restores) == n {
+		return "", err
+	}
+	return s.f.restores[len(s.f.restores)-1].data, err
+}
+
+// mustSync is sync that fails the test on error.
+func (s *syncer) mustSync(full bool, services ...*pb.Service) string {
+	s.t.Helper()
+	data, err := s.sync(full, services...)
+	if err != nil {
+		s.t.Fatalf("Sync(full=%v): %v", full, err)
+	}
+	return data
+}
+
+// assertKernelLikeFullSync checks that the fake kernel holds exactly what a
+// full sync of the current table into an empty kernel gives: partial
+// syncs must converge to the same ruleset.
+func (s *syncer) assertKernelLikeFullSync() {
+	s.t.Helper()
+	ref := newFakeRunner()
+	d := newDataplane(s.cfg, map[Backend]runner{s.cfg.Backend: ref})
+	if err := d.Sync(context.Background(), s.prev, nil, true); err != nil {
+		s.t.Fatalf("reference Sync: %v", err)
+	}
+	for _, table := range []string{"nat", "filter"} {
+		if got, want := s.f.kernel.dump(table), ref.kernel.dump(table); got != want {
+			s.t.Fatalf("%s table differs from a full sync of the same table:\n%s", table, lineDiff(want, got))
+		}
+	}
+}
+
+func declares(data, chain string) bool { return strings.Contains(data, "\n:"+chain+" - [0:0]\n") }
+
+func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	others := scaleServices(20, 2)
+	web := clusterIPTwoEndpoints()
+	s.mustSync(true, append(others, web)...)
+
+	// One endpoint replaced: the dispatch rules stay the same.
+	web2 := clusterIPTwoEndpoints()
+	web2.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", remoteEP2+":8080")}
+	data := s.mustSync(false, append(others, web2)...)
+
+	svcChain := prefixSvc + portHash("ns/web:http", "tcp")
+	oldSep := sepChain("ns/web:http", "tcp", remoteEP+":8080")
+	newSep := sepChain("ns/web:http", "tcp", remoteEP2+":8080")
+	keptSep := sepChain("ns/web:http", "tcp", localEP+":8080")
+	for _, c := range []string{svcChain, newSep, keptSep} {
+		if !declares(data, c) {
+			t.Errorf("partial sync does not rewrite %s:\n%s", c, data)
+		}
+	}
+	if !strings.Contains(data, "\n-X "+oldSep+"\n") {
+		t.Errorf("partial sync does not delete the removed endpoint's %s:\n%s", oldSep, data)
+	}
+	if declares(data, chainServices) || strings.Contains(data, "*filter") {
+		t.Errorf("endpoint-only change rewrote the dispatch chains or the filter table:\n%s", data)
+	}
+	if strings.Contains(data, "ns/svc-") {
+		t.Errorf("partial sync wrote unchanged services:\n%s", data)
+	}
+	if n := len(s.f.saves); n != 1 {
+		t.Errorf("iptables-save ran %d times, want once (first full sync only)", n)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestPartialSyncAddAndRemove(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	others := scaleServices(5, 2)
+	s.mustSync(true, others...)
+
+	// Add: dispatch rewritten, only the new service's chains written.
+	data := s.mustSync(false, append(others, nodePortService())...)
+	if !declares(data, chainServices) || !declares(data, chainNodePorts) {
+		t.Errorf("adding a service did not rewrite the dispatch chains:\n%s", data)
+	}
+	if strings.Contains(data, ":PP-SVC-"+portHash("ns/svc-0:http", "tcp")) {
+		t.Errorf("adding a service rewrote another service's chains:\n%s", data)
+	}
+	if declares(data, chainPostrouting) {
+		t.Errorf("partial sync rewrote PP-POSTROUTING:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+
+	// Remove: its chains are flushed and deleted.
+	data = s.mustSync(false, others...)
+	np := portHash("ns/np", "tcp")
+	for _, c := range []string{prefixSvc + np, prefixExt + np, sepChain("ns/np", "tcp", localEP+":8080"), sepChain("ns/np", "tcp", remoteEP+":8080")} {
+		if !strings.Contains(data, "\n-X "+c+"\n") || !declares(data, c) {
+			t.Errorf("removal does not flush and delete %s:\n%s", c, data)
+		}
+	}
+	s.assertKernelLikeFullSync()
+	if got := s.f.kernel.dump("nat"); strings.Contains(got, np) {
+		t.Errorf("removed service's chains still in the kernel:\n%s", got)
+	}
+}
+
+func TestPartialSyncLosingEndpointsRewritesFilter(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, clusterIPTwoEndpoints(), nodePortService())
+	gone := clusterIPTwoEndpoints()
+	gone.Ports[0].HasEndpoints = false
+	gone.ClusterEndpoints = nil
+	data := s.mustSync(false, gone, nodePortService())
+	if !strings.Contains(data, "*filter") || !strings.Contains(data, "-j REJECT") {
+		t.Errorf("service losing its endpoints did not get a REJECT:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, dualStackService())
+	v6changed := dualStackService()
+	v6changed.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", "[fd00:244:3::10]:8080")}
+	data, err := s.sync(false, v6changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data != "" {
+		t.Errorf("an IPv6-only change made the IPv4 dataplane restore:\n%s", data)
+	}
+}
+
+func TestFullSyncPrunesStaleChains(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	// Leftovers of an earlier process, and chains that are not ours.
+	if _, err := s.f.kernel.apply("*nat\n:PP-SVC-OLDOLDOLDOLDOLD1 - [0:0]\n:PP-SEP-OLDOLDOLDOLDOLD1 - [0:0]\n" +
+		":KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]\n:CNI-HOSTPORT - [0:0]\n-A PP-SVC-OLDOLDOLDOLDOLD1 -j PP-SEP-OLDOLDOLDOLDOLD1\nCOMMIT\n"); err != nil {
+		t.Fatal(err)
+	}
+	data := s.mustSync(true, clusterIPTwoEndpoints())
+	for _, c := range []string{"PP-SVC-OLDOLDOLDOLDOLD1", "PP-SEP-OLDOLDOLDOLDOLD1"} {
+		if !strings.Contains(data, "\n-X "+c+"\n") {
+			t.Errorf("first full sync does not delete leftover %s:\n%s", c, data)
+		}
+	}
+	nat := s.f.kernel.save("nat")
+	if !strings.Contains(nat, ":KUBE-SVC-XPGD46QRK7WJZT7O") || !strings.Contains(nat, ":CNI-HOSTPORT") {
+		t.Errorf("full sync deleted chains it does not own:\n%s", nat)
+	}
+
+	// A later full sync prunes what an earlier one wrote, from memory.
+	data = s.mustSync(true, nodePortService())
+	web := portHash("ns/web:http", "tcp")
+	if !strings.Contains(data, "\n-X "+prefixSvc+web+"\n") {
+		t.Errorf("full sync does not delete the removed service's chain:\n%s", data)
+	}
+	if n := len(s.f.saves); n != 1 {
+		t.Errorf("iptables-save ran %d times, want once", n)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestFailedRestoreForcesFullSync(t *testing.T) {
+	var failures []bool
+	cfg := testConfig(IPv4)
+	cfg.OnRestoreFailure = func(partial bool) { failures = append(failures, partial) }
+	s := newSyncer(t, cfg)
+	base := scaleServices(3, 2)
+	s.mustSync(true, base...)
+
+	// A partial sync adding a service fails after the nat table
+	// committed (only filter refused), the worst case: nat holds new
+	// chains the Dataplane does not record.
+	s.f.failRestore = func(data string) error {
+		nat, _, _ := strings.Cut(data, "*filter")
+		if _, err := s.f.kernel.apply(nat); err != nil {
+			t.Fatalf("applying nat: %v", err)
+		}
+		return &RestoreError{Binary: "fake", Line: strings.Count(nat, "\n") + 2, Err: errors.New("exit status 1")}
+	}
+	_, err := s.sync(false, append(base, nodePortService(), noEndpointsService())...)
+	if !IsRestoreFailed(err) {
+		t.Fatalf("Sync error = %v, want a RestoreError", err)
+	}
+	var re *RestoreError
+	if errors.As(err, &re); !re.Partial {
+		t.Errorf("RestoreError.Partial = false for a partial sync")
+	}
+	st := s.d.Stats()
+	if st.RestoreFailures != 1 || st.PartialRestoreFailures != 1 || !slices.Equal(failures, []bool{true}) {
+		t.Errorf("failure counters = %+v, callback %v", st, failures)
+	}
+	s.f.failRestore = nil
+
+	// The next call is partial but must run as full, and converge even
+	// though the kernel holds chains of a table that never succeeded.
+	data := s.mustSync(false, base...)
+	if !declares(data, chainPostrouting) {
+		t.Errorf("sync after a failure was not full:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+	if got := s.f.kernel.dump("nat"); strings.Contains(got, portHash("ns/np", "tcp")) {
+		t.Errorf("chains of the failed sync survive:\n%s", got)
+	}
+	if st := s.d.Stats(); st.FullSyncs != 2 || st.PartialSyncs != 0 {
+		t.Errorf("stats = %+v, want 2 full syncs", st)
+	}
+}
+
+func TestRestoreErrorNamesService(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.f.failRestore = func(data string) error {
+		for i, line := range strings.Split(data, "\n") {
+			if strings.Contains(line, "DNAT") && strings.Contains(line, "ns/np") {
+				return &RestoreError{Binary: "fake", Line: i + 1, Stderr: "iptables-restore: line failed", Err: errors.New("exit status 2")}
+			}
+		}
+		return nil
+	}
+	_, err := s.sync(true, clusterIPTwoEndpoints(), nodePortService())
+	var re *RestoreError
+	if !errors.As(err, &re) {
+		t.Fatalf("Sync error = %v, want a RestoreError", err)
+	}
+	if re.Key != "ns/np" || !strings.Contains(re.Rule, "DNAT") || re.Partial {
+		t.Errorf("RestoreError = %+v, want key ns/np, the DNAT rule, full", re)
+	}
+	if !strings.Contains(err.Error(), "service ns/np") {
+		t.Errorf("error text does not name the service: %v", err)
+	}
+}
+
+func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
+	cfg := testConfig(IPv4)
+	cfg.LocalMode = LocalNodeCIDR
+	s := newSyncer(t, cfg)
+	if _, err := s.syncNode(true, testNode(), clusterIPTwoEndpoints()); err != nil {
+		t.Fatal(err)
+	}
+	node := testNode()
+	node.PodCidrs = []string{"10.244.9.0/24"}
+	node.Hash = 8
+	data, err := s.syncNode(false, node, clusterIPTwoEndpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(data, "! -s 10.244.9.0/24 -j PP-MARK-MASQ") || !declares(data, chainPostrouting) {
+		t.Errorf("pod CIDR change did not rewrite everything:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestJumpsEnsured(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, clusterIPTwoEndpoints())
+	if s.f.ensured != len(jumps) {
+		t.Errorf("ensured %d jumps, want %d", s.f.ensured, len(jumps))
+	}
+	nat := s.f.kernel.tables["nat"]
+	if got := nat.chains["PREROUTING"]; len(got) != 1 || ruleTarget(got[0]) != chainServices {
+		t.Errorf("nat PREROUTING = %q", got)
+	}
+	// Idempotent: a second full sync adds nothing.
+	s.mustSync(true, clusterIPTwoEndpoints())
+	if got := nat.chains["PREROUTING"]; len(s.f.kernel.tables["nat"].chains["PREROUTING"]) != 1 {
+		t.Errorf("nat PREROUTING after two syncs = %q", got)
+	}
+	// Partial syncs leave jumps alone.
+	n := s.f.ensured
+	s.mustSync(false, nodePortService())
+	if s.f.ensured != n {
+		t.Errorf("partial sync ensured jumps")
+	}
+}
+
+// TestPartialSyncsConverge applies random changes as partial syncs and
+// checks after each that the kernel is what a full sync would give.
+func TestPartialSyncsConverge(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, family := range []Family{IPv4, IPv6} {
+		t.Run(family.String(), func(t *testing.T) {
+			s := newSyncer(t, testConfig(family))
+			services := map[string]*pb.Service{}
+			current := func() []*pb.Service {
+				out := make([]*pb.Service, 0, len(services))
+				for _, k := range slices.Sorted(mapsKeys(services)) {
+					out = append(out, services[k])
+				}
+				return out
+			}
+			s.mustSync(true)
+			for step := range 200 {
+				mutate(rng, services)
+				full := step%50 == 49
+				if _, err := s.sync(full, current()...); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				s.assertKernelLikeFullSync()
+			}
+		})
+	}
+}
+
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// mutate makes one random change to services: add, remove, or change a
+// Service's endpoints, policies, addresses or affinity.
+func mutate(rng *rand.Rand, services map[string]*pb.Service) {
+	name := "s" + itoa(int32(rng.IntN(8)))
+	s, ok := services[name]
+	if ok {
+		// The previous table holds s: change a copy.
+		s = proto.CloneOf(s)
+		services[name] = s
+	}
+	if !ok || rng.IntN(6) == 0 {
+		if ok && rng.IntN(2) == 0 {
+			delete(services, name)
+			return
+		}
+		n := int(name[1] - '0')
+		s = svc("ns", name, addrAt("10.96.1.0", n+1), "fd00:96::1:"+itoa(int32(n+1)))
+		s.Ports = []*pb.ServicePort{port("a", tcp, 80, 0, true), port("b", udp, 53, 0, true)}
+		services[name] = s
+	}
+	// Rebuild the endpoint sets from scratch with random choices.
+	pick := func() []string {
+		var out []string
+		for i := range 4 {
+			if rng.IntN(2) == 0 {
+				out = append(out, addrAt("10.244.1.0", 10+i)+":8080", "[fd00:244:1::"+itoa(int32(10+i))+"]:8080")
+			}
+		}
+		for i := range 3 {
+			if rng.IntN(2) == 0 {
+				out = append(out, addrAt("10.244.2.0", 10+i)+":8080", "[fd00:244:2::"+itoa(int32(10+i))+"]:8080")
+			}
+		}
+		return out
+	}
+	switch rng.IntN(5) {
+	case 0:
+		s.ExternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
+		s.InternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
+	case 1:
+		s.Type = pb.ServiceType_SERVICE_TYPE_LOAD_BALANCER
+		s.LoadBalancerIps = []string{addrAt("198.51.100.0", int(s.Name[1]-'0')+1)}
+		s.Ports[0].NodePort = int32(30000 + int(s.Name[1]-'0'))
+		if rng.IntN(2) == 0 {
+			s.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+		} else {
+			s.LoadBalancerSourceRanges = nil
+		}
+	case 2:
+		if s.SessionAffinity == nil {
+			s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: 60}
+		} else {
+			s.SessionAffinity = nil
+		}
+	}
+	s.ClusterEndpoints, s.LocalEndpoints = nil, nil
+	for _, p := range s.Ports {
+		all := pick()
+		p.HasEndpoints = len(all) > 0
+		if len(all) > 0 {
+			s.ClusterEndpoints = append(s.ClusterEndpoints, eps(p.Name, all...))
+		}
+		var local []string
+		for _, a := range all {
+			if strings.HasPrefix(a, "10.244.1.") || strings.HasPrefix(a, "[fd00:244:1::") {
+				local = append(local, a)
+			}
+		}
+		if len(local) > 0 && (s.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL || s.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL) {
+			s.LocalEndpoints = append(s.LocalEndpoints, eps(p.Name, local...))
+		}
+	}
+}

@@ -1,0 +1,56 @@
+// Command nodeagent is proxyplane's node agent: it receives its node's
+// proxy table from the control plane, caches it, programs the kernel and
+// acknowledges each version.
+//
+//	nodeagent --control-plane=HOST:PORT [flags]   run the agent
+//	nodeagent show-cache [--state-dir=DIR]        print the cached table
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/proxyplane/proxyplane/nodeagent/app"
+)
+
+func main() {
+	o := app.NewOptions()
+	args := os.Args[1:]
+	showCache := len(args) > 0 && args[0] == "show-cache"
+	if showCache {
+		args = args[1:]
+	}
+	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2)
+	}
+	if showCache {
+		if err := app.ShowCache(os.Stdout, o.CachePath()); err != nil {
+			fmt.Fprintf(os.Stderr, "nodeagent show-cache: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "nodeagent: invalid flags:\n%v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.Level()}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.Run(ctx, o, log); err != nil {
+		log.Error("node agent failed", "err", err)
+		os.Exit(1)
+	}
+}
