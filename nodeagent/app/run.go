@@ -41,7 +41,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if cached != nil {
 		log.Info("loaded cached table", "version", cached.Version, "services", len(cached.Entries))
 	}

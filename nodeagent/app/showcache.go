@@ -19,7 +19,7 @@ func ShowCache(w io.Writer, path string) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	t, err := c.Load()
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", path, err)

@@ -96,7 +96,7 @@ func session(ctx context.Context, o Options, addr string, a Applier, log *slog.L
 	if err != nil {
 		return fmt.Errorf("dialing %s: %w", addr, err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stream, err := pb.NewTableServiceClient(conn).Sync(ctx)

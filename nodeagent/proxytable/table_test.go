@@ -1,0 +1,153 @@
+package proxytable
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+var node = &pb.NodeInfo{Name: "node-1", Hash: 100}
+
+func entry(name string, hash uint64, edit ...func(*pb.Service)) *pb.ServiceEntry {
+	s := &pb.Service{
+		Namespace: "default", Name: name, ClusterIps: []string{"10.96.0.10", "fd00:96::10"},
+		Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}},
+		ClusterEndpoints: []*pb.PortEndpoints{{PortName: "http", Endpoints: []*pb.Endpoint{{Ip: "10.244.1.10", Port: 8080, Ready: true}}}},
+	}
+	for _, f := range edit {
+		f(s)
+	}
+	return &pb.ServiceEntry{Key: "default/" + name, Hash: hash, Service: s}
+}
+
+func sum(entries ...*pb.ServiceEntry) string {
+	v := node.GetHash()
+	for _, e := range entries {
+		v += e.GetHash()
+	}
+	return fmt.Sprintf("%016x", v)
+}
+
+func snap(entries ...*pb.ServiceEntry) *pb.Snapshot {
+	return &pb.Snapshot{Version: sum(entries...), Node: node, Entries: entries}
+}
+
+func TestFromSnapshot(t *testing.T) {
+	cases := []struct {
+		name      string
+		snap      *pb.Snapshot
+		wantEntry string // key named in an entry error; "" for a table error
+		valid     bool
+	}{
+		{"valid", snap(entry("a", 1), entry("b", 2)), "", true},
+		{"empty table", snap(), "", true},
+		{"version does not add up", &pb.Snapshot{Version: "0000000000000001", Node: node, Entries: []*pb.ServiceEntry{entry("a", 1)}}, "", false},
+		{"version not hex", &pb.Snapshot{Version: "zzzzzzzzzzzzzzzz", Node: node}, "", false},
+		{"no node", &pb.Snapshot{Version: sum()}, "", false},
+		{"duplicate key", snap(entry("a", 1), entry("a", 1)), "default/a", false},
+		{"key does not match", func() *pb.Snapshot { e := entry("a", 1); e.Key = "default/b"; return snap(e) }(), "default/b", false},
+		{"no service", func() *pb.Snapshot { e := entry("a", 1); e.Service = nil; return snap(e) }(), "default/a", false},
+		{"no cluster IP", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = nil })), "default/a", false},
+		{"bad cluster IP", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = []string{"10.96.0.300"} })), "default/a", false},
+		{"bad external IP", snap(entry("a", 1, func(s *pb.Service) { s.ExternalIps = []string{"x"} })), "default/a", false},
+		{"bad source range", snap(entry("a", 1, func(s *pb.Service) { s.LoadBalancerSourceRanges = []string{"10.0.0.0/40"} })), "default/a", false},
+		{"port 0", snap(entry("a", 1, func(s *pb.Service) { s.Ports[0].Port = 0 })), "default/a", false},
+		{"node port too big", snap(entry("a", 1, func(s *pb.Service) { s.Ports[0].NodePort = 70000 })), "default/a", false},
+		{"unknown protocol", snap(entry("a", 1, func(s *pb.Service) { s.Ports[0].Protocol = 9 })), "default/a", false},
+		{"unset protocol", snap(entry("a", 1, func(s *pb.Service) { s.Ports[0].Protocol = 0 })), "default/a", false},
+		{"duplicate port", snap(entry("a", 1, func(s *pb.Service) { s.Ports = append(s.Ports, s.Ports[0]) })), "default/a", false},
+		{"endpoints of an unknown port", snap(entry("a", 1, func(s *pb.Service) { s.ClusterEndpoints[0].PortName = "grpc" })), "default/a", false},
+		{"bad endpoint IP", snap(entry("a", 1, func(s *pb.Service) { s.ClusterEndpoints[0].Endpoints[0].Ip = "pod" })), "default/a", false},
+		{"bad endpoint port", snap(entry("a", 1, func(s *pb.Service) { s.ClusterEndpoints[0].Endpoints[0].Port = 0 })), "default/a", false},
+		{"bad local endpoint", snap(entry("a", 1, func(s *pb.Service) {
+			s.LocalEndpoints = []*pb.PortEndpoints{{PortName: "http", Endpoints: []*pb.Endpoint{{Ip: "", Port: 1}}}}
+		})), "default/a", false},
+		{"affinity timeout", snap(entry("a", 1, func(s *pb.Service) { s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: 0} })), "default/a", false},
+		{"health check port", snap(entry("a", 1, func(s *pb.Service) { s.HealthCheckNodePort = -1 })), "default/a", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			table, err := FromSnapshot(tc.snap)
+			if tc.valid {
+				if err != nil {
+					t.Fatalf("rejected a valid snapshot: %v", err)
+				}
+				if table.Version != tc.snap.GetVersion() || len(table.Entries) != len(tc.snap.GetEntries()) {
+					t.Errorf("table %s with %d entries, want %s with %d", table.Version, len(table.Entries), tc.snap.GetVersion(), len(tc.snap.GetEntries()))
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidTable) {
+				t.Fatalf("error %v, want one matching ErrInvalidTable", err)
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("error %T, want *ValidationError", err)
+			}
+			if tc.wantEntry != "" && (len(ve.Entries) == 0 || ve.Entries[0].Key != tc.wantEntry) {
+				t.Errorf("entry errors %v, want one for %s", ve.Entries, tc.wantEntry)
+			}
+		})
+	}
+}
+
+func TestApply(t *testing.T) {
+	base, err := FromSnapshot(snap(entry("a", 1), entry("b", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, c3 := entry("a", 5, func(s *pb.Service) { s.Ports[0].Port = 81 }), entry("c", 3)
+	newNode := &pb.NodeInfo{Name: "node-1", Zone: "z", Hash: 200}
+
+	t.Run("upserts, removals and node", func(t *testing.T) {
+		version := fmt.Sprintf("%016x", newNode.GetHash()+a2.GetHash()+c3.GetHash())
+		next, changed, err := base.Apply(&pb.Delta{BaseVersion: base.Version, Version: version, Node: newNode,
+			Upserts: []*pb.ServiceEntry{a2, c3}, Removals: []string{"default/b"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(changed, []string{"default/a", "default/b", "default/c"}) {
+			t.Errorf("changed %v", changed)
+		}
+		if !slices.Equal(next.Keys(), []string{"default/a", "default/c"}) || !proto.Equal(next.Entries["default/a"], a2) || next.Node.GetZone() != "z" {
+			t.Errorf("next table %v", next.Keys())
+		}
+		if len(base.Entries) != 2 || base.Entries["default/a"].GetHash() != 1 {
+			t.Error("Apply modified the table it was called on")
+		}
+	})
+	bad := []struct {
+		name  string
+		delta *pb.Delta
+		want  string
+	}{
+		{"another base", &pb.Delta{BaseVersion: "0000000000000000", Version: base.Version}, "holds"},
+		{"removal of an unknown key", &pb.Delta{BaseVersion: base.Version, Version: sum(entry("a", 1), entry("b", 2)), Removals: []string{"default/z"}}, "default/z"},
+		{"version does not add up", &pb.Delta{BaseVersion: base.Version, Version: base.Version, Upserts: []*pb.ServiceEntry{c3}}, "add up"},
+		{"invalid upsert", &pb.Delta{BaseVersion: base.Version, Version: sum(entry("a", 1), entry("b", 2), entry("c", 3)),
+			Upserts: []*pb.ServiceEntry{entry("c", 3, func(s *pb.Service) { s.Ports[0].Port = 0 })}}, "default/c"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, _, err := base.Apply(tc.delta); !errors.Is(err, ErrInvalidTable) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want ErrInvalidTable mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestHashes(t *testing.T) {
+	table, err := FromSnapshot(snap(entry("a", 1), entry("b", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := table.Hashes(); len(h) != 2 || h["default/a"] != 1 || h["default/b"] != 2 {
+		t.Errorf("hashes %v", h)
+	}
+}
