@@ -17,7 +17,7 @@ var node = &pb.NodeInfo{Name: "node-1", Hash: 100}
 func entry(name string, hash uint64, edit ...func(*pb.Service)) *pb.ServiceEntry {
 	s := &pb.Service{
 		Namespace: "default", Name: name, ClusterIps: []string{"10.96.0.10", "fd00:96::10"},
-		Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}},
+		Ports:            []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: 30080}},
 		ClusterEndpoints: []*pb.PortEndpoints{{PortName: "http", Endpoints: []*pb.Endpoint{{Ip: "10.244.1.10", Port: 8080, Ready: true}}}},
 	}
 	for _, f := range edit {

@@ -23,6 +23,9 @@ import (
 // namespace, for N Services x 3 endpoints (N from PP_BENCH_SIZES, default
 // 1000,5000,10000) on every installed backend, and prints a table:
 //
+//   - render: rendering the full input (pure Go, included in full);
+//   - jumps: ensuring the jumps one by one, as the first sync does (later
+//     full syncs re-assert them inside the restore instead);
 //   - full(initial): the first full sync into an empty namespace;
 //   - full(steady): a full sync over the same rules already in force;
 //   - floor: iptables-restore --noflush of the very bytes the steady full
@@ -79,7 +82,7 @@ func BenchmarkSync(b *testing.B) {
 type benchRow struct {
 	backend                 Backend
 	services, bytes         int
-	render                  time.Duration
+	render, jumps           time.Duration
 	fullInitial, fullSteady time.Duration
 	floor                   time.Duration
 	partialEP, partialSvc   time.Duration
@@ -89,6 +92,7 @@ type benchRow struct {
 func (r benchRow) ratio() float64 { return r.fullSteady.Seconds() / r.floor.Seconds() }
 
 func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
+	b.Helper()
 	tp := nstest.New(b, nstest.Options{Pods: 1})
 	cfg := DefaultConfig(IPv4)
 	cfg.Backend = backend
@@ -119,11 +123,12 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 	// Steady full syncs and the floor, interleaved so that drift in the
 	// machine's load hits both alike.
 	p := newParams(&d.cfg, tbl.Node)
+	p.backend = backend
 	var full, floor, rend []time.Duration
 	for range reps {
 		var rs *ruleset
 		rend = append(rend, timed(func() error {
-			rs = render(&renderInput{table: tbl, params: p, full: true, prev: d.state})
+			rs = render(&renderInput{table: tbl, params: p, full: true, prev: d.state, refreshJumps: true})
 			return nil
 		}))
 		row.bytes = len(rs.data)
@@ -131,6 +136,7 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 		floor = append(floor, timed(func() error { return d.r.Restore(ctx, rs.data, "--noflush") }))
 	}
 	row.fullSteady, row.floor, row.render = median(full), median(floor), median(rend)
+	row.jumps = timed(func() error { return ensureJumps(ctx, d.r) })
 
 	// Partial: one Service's endpoints change back and forth.
 	var partial []time.Duration
@@ -207,12 +213,25 @@ func printBenchTable(w *os.File, rows []benchRow) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "backend\tservices\tinput\trender\tfull(initial)\tfull(steady)\tfloor\tratio\tpartial(ep)\tpartial(svc)\t")
+	_, _ = fmt.Fprintln(tw, "backend\tservices\tinput\trender\tjumps\tfull(initial)\tfull(steady)\tfloor\tratio\tpartial(ep)\tpartial(svc)\t")
 	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%.1fMB\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t\n", r.backend, r.services, float64(r.bytes)/1e6,
-			ms(r.render), ms(r.fullInitial), ms(r.fullSteady), ms(r.floor), r.ratio(), ms(r.partialEP), ms(r.partialSvc))
+		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.1fMB\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t\n", r.backend, r.services, float64(r.bytes)/1e6,
+			ms(r.render), ms(r.jumps), ms(r.fullInitial), ms(r.fullSteady), ms(r.floor), r.ratio(), ms(r.partialEP), ms(r.partialSvc))
 	}
 	_ = tw.Flush()
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond)) }
+
+// BenchmarkRender measures a full render of 10k Services x 3 endpoints,
+// the part of a full sync that is ours (pure, no kernel needed).
+func BenchmarkRender(b *testing.B) {
+	tbl := newTable(b, &pb.NodeInfo{Name: "bench", Hash: 1}, scaleServices(10000, 3)...)
+	cfg := testConfig(IPv4)
+	p := newParams(&cfg, tbl.Node)
+	p.backend = BackendNFT
+	b.ReportAllocs()
+	for b.Loop() {
+		render(&renderInput{table: tbl, params: p, full: true})
+	}
+}

@@ -92,7 +92,7 @@ type Config struct {
 	// MasqueradeAll masquerades all ClusterIP traffic, as kube-proxy's
 	// --masquerade-all.
 	MasqueradeAll bool
-	// LocalMode says how pod traffic is recognised.
+	// LocalMode says how pod traffic is recognised; "" means LocalNone.
 	LocalMode LocalMode
 	// ClusterCIDRs are the cluster's pod CIDRs (at most one per family),
 	// used with LocalClusterCIDR.
@@ -111,7 +111,8 @@ type Config struct {
 	// NoRandomFully masquerades without --random-fully, for iptables
 	// older than 1.6.2 (or kernels without NF_NAT_RANGE_PROTO_RANDOM_FULLY).
 	NoRandomFully bool
-	// LockWait bounds the wait for the legacy xtables lock.
+	// LockWait bounds the wait for the legacy xtables lock; 0 means
+	// DefaultLockWait.
 	LockWait time.Duration
 	// CommandPrefix is prepended to every command the Dataplane runs, for
 	// example {"ip", "netns", "exec", "node"} to program another network
@@ -139,9 +140,6 @@ func DefaultConfig(family Family) Config {
 		LockWait:  DefaultLockWait,
 	}
 }
-
-// ErrInvalidConfig is wrapped by every Config validation failure.
-var ErrInvalidConfig = errors.New("invalid iptables dataplane config")
 
 // Validate checks c and returns an error wrapping ErrInvalidConfig that
 // lists everything wrong.
@@ -221,28 +219,6 @@ func (c *Config) clusterCIDR() (netip.Prefix, error) {
 		return found[0], nil
 	}
 	return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: more than one of family %v", c.ClusterCIDRs, c.Family)
-}
-
-// nodePortDestinations returns the CIDRs of the family that NodePorts are
-// limited to; nil means every local address but loopback.
-func (c *Config) nodePortDestinations() []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range c.NodePortAddresses {
-		p, err := netip.ParsePrefix(s)
-		if err != nil || !c.Family.has(p.Addr()) {
-			continue
-		}
-		if p.Bits() == 0 {
-			// 0.0.0.0/0 or ::/0 means everything, as no limit at all.
-			return nil
-		}
-		out = append(out, p.Masked())
-	}
-	if len(c.NodePortAddresses) > 0 && len(out) == 0 {
-		// Limits exist but none for this family: no NodePorts here.
-		return []netip.Prefix{}
-	}
-	return out
 }
 
 // nodeIPs returns the configured node addresses of the family.

@@ -144,10 +144,11 @@ func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []str
 	}
 
 	p := newParams(&d.cfg, t.Node)
+	p.backend = d.backend
 	if !full && (d.state == nil || d.needFull || d.state.params != p.fingerprint()) {
 		full = true
 	}
-	in := &renderInput{table: t, params: p, full: full, changed: changed, prev: d.state}
+	in := &renderInput{table: t, params: p, full: full, changed: changed, prev: d.state, refreshJumps: full && d.jumpsOK}
 	if full {
 		in.existing = d.suspect
 		if d.state == nil {
@@ -185,14 +186,25 @@ func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []str
 			if d.cfg.OnRestoreFailure != nil {
 				d.cfg.OnRestoreFailure(!full)
 			}
+			var re *RestoreError
+			if in.refreshJumps && errors.As(err, &re) && rs.owners.owner(re.Line) == ownerJumps {
+				// A jump is gone (a firewall reload flushed a built-in
+				// chain): install the jumps one by one after a full
+				// restore without them.
+				d.jumpsOK = false
+				return d.Sync(ctx, t, changed, true)
+			}
 			return fmt.Errorf("syncing %v iptables rules: %w", d.cfg.Family, describe(err, rs, !full))
 		}
 	}
 	d.state, d.needFull, d.suspect = rs.next, false, nil
 
-	// Jumps on every full sync, as kube-proxy: a host firewall reload may
-	// have flushed the built-in chains, and full syncs are the repair.
-	if full || !d.jumpsOK {
+	// Jumps are checked on every full sync, as kube-proxy does: a host
+	// firewall reload may have flushed the built-in chains, and full syncs
+	// are the repair. Once installed, the restore itself re-asserts them
+	// (refreshJumps); one by one, each check costs a whole-table load
+	// with legacy iptables, over a second at 10k services.
+	if !d.jumpsOK {
 		d.jumpsOK = false
 		if err := ensureJumps(ctx, d.r); err != nil {
 			return fmt.Errorf("syncing %v iptables jumps: %w", d.cfg.Family, err)
@@ -230,7 +242,9 @@ func describe(err error, rs *ruleset, partial bool) error {
 	}
 	re.Partial = partial
 	if re.Line > 0 {
-		re.Key = rs.owners.owner(re.Line)
+		if re.Key = rs.owners.owner(re.Line); re.Key == ownerJumps {
+			re.Key = ""
+		}
 		re.Rule = inputLine(rs.data, re.Line)
 	}
 	return err

@@ -6,6 +6,9 @@ import (
 	"strings"
 )
 
+// ErrInvalidConfig is wrapped by every Config validation failure.
+var ErrInvalidConfig = errors.New("invalid iptables dataplane config")
+
 // RestoreError is a failed iptables-restore: the kernel (or the tool)
 // refused the input. Each table commits on its own; the nat table is
 // written first, so a RestoreError leaves nat as it was unless only the
@@ -29,6 +32,7 @@ type RestoreError struct {
 	Err error
 }
 
+// Error describes the failure: tool, line, Service, rule and stderr.
 func (e *RestoreError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s failed", e.Binary)
@@ -70,6 +74,7 @@ type CommandError struct {
 	Err error
 }
 
+// Error describes the command and its first line of stderr.
 func (e *CommandError) Error() string {
 	s := fmt.Sprintf("%s: %v", strings.Join(e.Args, " "), e.Err)
 	if st := strings.TrimSpace(e.Stderr); st != "" {
@@ -97,6 +102,7 @@ type MissingBinaryError struct {
 	Err error
 }
 
+// Error names the missing tool.
 func (e *MissingBinaryError) Error() string {
 	return fmt.Sprintf("%s not found (install iptables): %v", e.Name, e.Err)
 }
@@ -119,6 +125,7 @@ type LockError struct {
 	Err error
 }
 
+// Error says the lock was held and by which command we found out.
 func (e *LockError) Error() string { return "xtables lock held by another program: " + e.Err.Error() }
 
 // Unwrap returns the failed command's error.

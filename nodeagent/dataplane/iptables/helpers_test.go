@@ -239,7 +239,7 @@ func (k *fakeKernel) apply(data string) (int, error) {
 	for i, line := range strings.Split(strings.TrimSuffix(data, "\n"), "\n") {
 		n := i + 1
 		switch {
-		case line == "" || strings.HasPrefix(line, "#"):
+		case line == "" || strings.HasPrefix(line, "#") || line == "-S":
 		case strings.HasPrefix(line, "*"):
 			name = line[1:]
 			if k.tables[name] == nil {
@@ -279,6 +279,28 @@ func (k *fakeKernel) apply(data string) (int, error) {
 				}
 			}
 			cur.chains[c] = append(cur.chains[c], rest)
+		case strings.HasPrefix(line, "-I "):
+			args := strings.SplitN(line[3:], " ", 3)
+			if len(args) != 3 || args[1] != "1" {
+				return n, fmt.Errorf("unsupported insert %q", line)
+			}
+			c, rest := args[0], args[2]
+			if _, ok := cur.chains[c]; !ok {
+				return n, fmt.Errorf("insert into missing chain %s", c)
+			}
+			if t := ruleTarget(rest); !builtinTarget(t) {
+				if _, ok := cur.chains[t]; !ok {
+					return n, fmt.Errorf("jump to missing chain %s", t)
+				}
+			}
+			cur.chains[c] = append([]string{rest}, cur.chains[c]...)
+		case strings.HasPrefix(line, "-D "):
+			c, rest, _ := strings.Cut(line[3:], " ")
+			i := slices.Index(cur.chains[c], rest)
+			if i < 0 {
+				return n, fmt.Errorf("delete of a rule not in %s: %s", c, rest)
+			}
+			cur.chains[c] = slices.Delete(cur.chains[c], i, i+1)
 		case strings.HasPrefix(line, "-X "):
 			c := strings.TrimSpace(line[3:])
 			if _, ok := cur.chains[c]; !ok {
@@ -334,7 +356,17 @@ func (k *fakeKernel) dump(table string) string {
 			continue // not ours
 		}
 		b.WriteString(":" + c + "\n")
-		for _, r := range t.chains[c] {
+		rules := t.chains[c]
+		if c == chainServices || c == chainNodePorts {
+			// Partial syncs edit these in place: compare them as sets,
+			// but the NodePort jump must stay last.
+			if n := len(rules); n > 0 && ruleTarget(rules[n-1]) == chainNodePorts {
+				b.WriteString("  last: " + rules[n-1] + "\n")
+				rules = rules[:n-1]
+			}
+			rules = slices.Sorted(slices.Values(rules))
+		}
+		for _, r := range rules {
 			b.WriteString("  " + r + "\n")
 		}
 	}
@@ -414,6 +446,7 @@ type tracer struct {
 }
 
 func newTracer(tb testing.TB, k *fakeKernel, local ...string) *tracer {
+	tb.Helper()
 	tr := &tracer{tb: tb, kernel: k, recent: map[string][]string{}}
 	for _, a := range local {
 		tr.local = append(tr.local, netip.MustParseAddr(a))
@@ -632,11 +665,8 @@ func (tr *tracer) target(table, target string, args []string, s pktState, depth 
 		s.masq, s.verdict = true, "ACCEPT"
 		return []pktState{s}
 	}
-	var out []pktState
-	for _, st := range tr.chain(table, target, s, depth+1) {
-		out = append(out, st) // verdict "" continues in the caller
-	}
-	return out
+	// A verdict of "" continues in the caller.
+	return tr.chain(table, target, s, depth+1)
 }
 
 func prefixOf(s string) netip.Prefix {

@@ -45,6 +45,7 @@ func kernelConfig(tp *nstest.Topology, family Family, backend Backend) Config {
 
 // backends lists the backends whose tools are installed.
 func backends(t *testing.T) []Backend {
+	t.Helper()
 	var out []Backend
 	for _, b := range []Backend{BackendNFT, BackendLegacy} {
 		if _, err := exec.LookPath(binaryNames(IPv4, b).restore); err == nil {
@@ -173,6 +174,7 @@ func TestKernel(t *testing.T) {
 }
 
 func testKernel(t *testing.T, backend Backend) {
+	t.Helper()
 	tp := nstest.New(t, nstest.Options{})
 	for i := range 2 {
 		tp.ServeTCP(i, 8080)
@@ -328,8 +330,20 @@ func testKernel(t *testing.T, backend Backend) {
 		added.ClusterEndpoints = []*pb.PortEndpoints{eps("http", podEP(tp, 1, 8080))}
 		services["added"] = added
 		delete(services, "empty")
+		delete(services, "sticky")
+		before := d.Stats().PartialSyncs
 		k.sync(false, values(services)...)
+		if d.Stats().PartialSyncs != before+1 {
+			t.Fatalf("sync was not partial: %+v", d.Stats())
+		}
 		spreadOver(t, cl, "10.96.0.90:80", 10, "pod-1")
+		out, err := tp.Exec(node, binaryNames(IPv4, backend).save, "-t", "nat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(out), "10.96.0.60") || strings.Contains(string(out), portHash("ns/sticky:http", "tcp")) {
+			t.Errorf("removed service's dispatch rule or chains survive:\n%s", out)
+		}
 		if _, err := tp.DialTCP(cl, "10.96.0.30:80", dropTimeout); nstest.IsRefused(err) {
 			t.Errorf("removed service still rejected: its filter rules survived")
 		}
@@ -357,6 +371,20 @@ func testKernel(t *testing.T, backend Backend) {
 			t.Fatalf("removed NodePort still in nat:\n%s", out)
 		}
 		spreadOver(t, cl, "10.96.0.90:80", 5, "pod-1")
+	})
+	t.Run("full sync repairs flushed jumps", func(t *testing.T) {
+		ipt := binaryNames(IPv4, backend).iptables
+		for _, chain := range []string{"PREROUTING", "OUTPUT"} {
+			if out, err := tp.Exec(node, ipt, "-w", "5", "-t", "nat", "-F", chain); err != nil {
+				t.Fatalf("%s: %v", out, err)
+			}
+		}
+		if _, err := tp.DialTCP(cl, "10.96.0.90:80", dropTimeout); err == nil {
+			t.Fatalf("service still answers with PREROUTING flushed")
+		}
+		k.sync(true, services["web"], services["added"])
+		spreadOver(t, cl, "10.96.0.90:80", 5, "pod-1")
+		spreadOver(t, node, "10.96.0.90:80", 5, "pod-1")
 	})
 
 	t.Run("IPv6", func(t *testing.T) {
@@ -478,5 +506,39 @@ func TestKernelRestoreError(t *testing.T) {
 	}
 	if strings.Contains(string(out), "10.96.0.11") || !strings.Contains(string(out), "10.96.0.10") {
 		t.Errorf("failed sync changed the nat table:\n%s", out)
+	}
+}
+
+// TestKernelLargeInput loads a table large enough for the nft input's
+// "-S" speed-up and checks every chain arrived, on each backend.
+func TestKernelLargeInput(t *testing.T) {
+	nstest.RequireRoot(t)
+	for _, backend := range backends(t) {
+		t.Run(string(backend), func(t *testing.T) {
+			tp := nstest.New(t, nstest.Options{Pods: 1})
+			d, err := New(kernelConfig(tp, IPv4, backend))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := d.Sync(ctx, newTable(t, kernelNode(), scaleServices(300, 3)...), nil, true); err != nil {
+				t.Fatal(err)
+			}
+			out, err := tp.Exec(tp.NodeNS(), binaryNames(IPv4, backend).save, "-t", "nat")
+			if err != nil {
+				t.Fatal(err)
+			}
+			chains, rules := scanSave(out)
+			seps := 0
+			for _, c := range chains {
+				if strings.HasPrefix(c, prefixSep) {
+					seps++
+				}
+			}
+			if seps != 900 || rules < 300*8 {
+				t.Fatalf("nat holds %d endpoint chains and %d rules, want 900 and at least %d", seps, rules, 300*8)
+			}
+		})
 	}
 }

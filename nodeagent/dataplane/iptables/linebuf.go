@@ -42,6 +42,23 @@ func (l *lineBuffer) write(args ...string) {
 	l.lines++
 }
 
+// writeN appends one line made of the concatenated parts, separated by
+// spaces; it saves building one slice of arguments per rule.
+func (l *lineBuffer) writeN(parts ...[]string) {
+	first := true
+	for _, p := range parts {
+		for _, a := range p {
+			if !first {
+				l.b = append(l.b, ' ')
+			}
+			first = false
+			l.b = append(l.b, a...)
+		}
+	}
+	l.b = append(l.b, '\n')
+	l.lines++
+}
+
 // mark returns the buffer's current position, for truncate.
 func (l *lineBuffer) mark() bufMark { return bufMark{len(l.b), l.lines, len(l.spans)} }
 

@@ -3,6 +3,7 @@ package iptables
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -28,7 +29,14 @@ type params struct {
 	nodeIPs       []netip.Addr
 	dropInvalid   bool
 	randomFully   bool
+	// backend shapes the input where the tools differ in speed.
+	backend Backend
 }
+
+// nftCacheAllChains is the number of chains in one nat input above which
+// the nft input starts with "-S" (see assemble): below it the sorted-list
+// cost is a few milliseconds, less than listing the table.
+const nftCacheAllChains = 500
 
 func newParams(c *Config, node *pb.NodeInfo) params {
 	p := params{
@@ -107,6 +115,9 @@ type renderInput struct {
 	// prev is the state in the kernel; required for partial syncs. A
 	// full sync uses it (when set) only to find stale chains.
 	prev *programmed
+	// refreshJumps re-asserts the jumps from the built-in chains inside
+	// the restore (full syncs once they are known to be installed).
+	refreshJumps bool
 	// existing lists more service chains that may be in the kernel, for a
 	// full sync to delete unless it keeps them: those iptables-save found
 	// when prev is unknown, and those a failed restore may have created.
@@ -124,6 +135,9 @@ type ruleset struct {
 	next *programmed
 	// stale chains deleted by this input.
 	stale []string
+	// dispatchEdits are a partial sync's in-place edits of the dispatch
+	// chains.
+	dispatchEdits lineBuffer
 	// What was written, for tests and stats.
 	wroteDispatch, wroteFilter bool
 	servicesWritten            []string
@@ -149,6 +163,10 @@ func render(in *renderInput) *ruleset {
 		}
 		next.large = total > largeClusterEndpoints
 		r.large = next.large
+		// Size the buffers once: growing a 14 MB buffer by doubling
+		// copies it about twice over.
+		r.natRules.b = make([]byte, 0, 200*total+700*len(plans))
+		r.natChains.b = make([]byte, 0, 32*(total+2*len(plans)))
 		for _, plan := range plans {
 			next.services[plan.key] = r.service(plan, nil)
 		}
@@ -216,23 +234,46 @@ func render(in *renderInput) *ruleset {
 	slices.Sort(rs.stale)
 	rs.stale = slices.Compact(rs.stale)
 
-	// Dispatch and filter: rewritten whole by full syncs, and by partial
-	// syncs only when a changed Service's lines in them changed. An
-	// endpoint change (the common case) thus writes only that Service's
-	// own chains, keeping partial syncs small at 10k Services.
+	// Dispatch chains: rewritten whole by full syncs. Partial syncs edit
+	// them in place instead, deleting the changed Services' old lines and
+	// inserting their new ones: rewriting 10k-rule chains would make
+	// every added or removed Service cost seconds (iptables-nft looks up
+	// each jump target), and an endpoint change (the common case) does
+	// not touch them at all. Rules of different Services match disjoint
+	// destinations, so their order does not matter, except that the
+	// NodePort jump stays last: new PP-SERVICES lines go to the top.
+	// The filter table is small and jump-free: rewritten whole when a
+	// changed Service's lines in it changed.
 	rs.wroteDispatch, rs.wroteFilter = in.full, in.full
-	for k := range changed {
-		prev, cur := in.prev.services[k], next.services[k]
-		if prev == cur {
-			continue
+	if !in.full {
+		for _, k := range slices.Sorted(maps.Keys(changed)) {
+			prev, cur := in.prev.services[k], next.services[k]
+			if prev == cur {
+				continue
+			}
+			var oldD, newD, oldF, newF []byte
+			if prev != nil {
+				oldD, oldF = prev.dispatch, prev.filter
+			}
+			if cur != nil {
+				newD, newF = cur.dispatch, cur.filter
+			}
+			rs.wroteFilter = rs.wroteFilter || !bytes.Equal(oldF, newF)
+			if bytes.Equal(oldD, newD) {
+				continue
+			}
+			rs.dispatchEdits.owner(k)
+			for _, line := range lines(oldD) {
+				rs.dispatchEdits.write("-D", line[len("-A "):])
+			}
+			for _, line := range lines(newD) {
+				if rest, ok := strings.CutPrefix(line, "-A "+chainServices+" "); ok {
+					rs.dispatchEdits.write("-I", chainServices, "1", rest)
+				} else {
+					rs.dispatchEdits.write(line)
+				}
+			}
 		}
-		if prev == nil || cur == nil {
-			rs.wroteDispatch = rs.wroteDispatch || (prev != nil && prev.dispatchLines > 0) || (cur != nil && cur.dispatchLines > 0)
-			rs.wroteFilter = rs.wroteFilter || (prev != nil && prev.filterLines > 0) || (cur != nil && cur.filterLines > 0)
-			continue
-		}
-		rs.wroteDispatch = rs.wroteDispatch || !bytes.Equal(prev.dispatch, cur.dispatch)
-		rs.wroteFilter = rs.wroteFilter || !bytes.Equal(prev.filter, cur.filter)
 	}
 
 	rs.assemble(r, in, keys)
@@ -246,8 +287,28 @@ func render(in *renderInput) *ruleset {
 func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 	p := r.p
 	a := &assembler{}
+	size := len(r.natChains.b) + len(r.natRules.b) + rs.dispatchEdits.lines*200 + 64*len(rs.stale) + 4096
+	for _, s := range rs.next.services {
+		if rs.wroteDispatch {
+			size += len(s.dispatch)
+		}
+		if rs.wroteFilter {
+			size += len(s.filter)
+		}
+	}
+	a.b = make([]byte, 0, size)
 	natStart := a.lines
 	a.raw("*nat")
+	if p.backend == BackendNFT && r.natChains.lines+len(rs.stale) > nftCacheAllChains {
+		// iptables-nft-restore --noflush (1.8.x) records every chain a
+		// command names in a sorted list, inserting by linear search:
+		// quadratic in the chains of the input (10k services: minutes).
+		// One command naming no chain makes it cache all chains instead
+		// and skip that list; "-S" is the harmless one (it lists the nat
+		// table as it was to stdout, which the runner discards). Small
+		// partial syncs do without: listing would cost more than it saves.
+		a.raw("-S")
+	}
 	if rs.wroteDispatch {
 		a.raw(chainLine(chainServices))
 		a.raw(chainLine(chainNodePorts))
@@ -289,9 +350,13 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		r.nodePortJumps(d)
 		a.add(d)
 	}
+	a.add(&rs.dispatchEdits)
 	a.add(&r.natRules)
 	for _, c := range rs.stale {
 		a.raw("-X " + c)
+	}
+	if in.refreshJumps {
+		writeJumps(a, "nat")
 	}
 	if a.lines == natStart+1 {
 		// Nothing for nat: drop the header.
@@ -326,12 +391,59 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		f.write("-A", chainForward, "-m", "comment", "--comment", `"proxyplane forwarding conntrack rule"`,
 			"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
 		a.add(f)
+		if in.refreshJumps {
+			writeJumps(a, "filter")
+		}
 		a.raw("COMMIT")
 	}
 	rs.data, rs.owners = a.b, lineOwners(a.spans)
 }
 
+// ownerJumps owns the jump lines of an input, so that a restore failing on
+// one is recognised (see Dataplane.Sync).
+const ownerJumps = "\x00jumps"
+
+// writeJumps re-asserts the jumps of table inside the restore: each is
+// deleted and inserted again at the top, which costs nothing next to a
+// full restore, keeps them first in their built-in chain, and is atomic
+// with the rest. It requires the jumps to be there: the -D fails the
+// restore otherwise (someone flushed a built-in chain), and the
+// Dataplane then installs them one by one and retries.
+func writeJumps(a *assembler, table string) {
+	l := &lineBuffer{}
+	l.owner(ownerJumps)
+	for _, j := range jumps {
+		if j.table != table {
+			continue
+		}
+		rule := strings.Join(quoteRestore(j.rule()), " ")
+		l.write("-D", j.from, rule)
+		l.write("-I", j.from, "1", rule)
+	}
+	a.add(l)
+}
+
+// quoteRestore quotes arguments holding spaces for iptables-restore.
+func quoteRestore(args []string) []string {
+	out := make([]string, len(args))
+	for i, arg := range args {
+		if strings.ContainsRune(arg, ' ') {
+			arg = `"` + arg + `"`
+		}
+		out[i] = arg
+	}
+	return out
+}
+
 func chainLine(c string) string { return ":" + c + " - [0:0]" }
+
+// lines splits b into its lines, without newlines.
+func lines(b []byte) []string {
+	if len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+}
 
 // renderer writes Services' rules.
 type renderer struct {
@@ -415,22 +527,22 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 	}
 
 	if pp.hasInternalEndpoints {
-		d.write(cat([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` cluster IP"`}, proto,
-			[]string{"-d", plan.clusterIP, "--dport", pp.port, "-j", pp.internalChain})...)
+		d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` cluster IP"`}, proto,
+			[]string{"-d", plan.clusterIP, "--dport", pp.port, "-j", pp.internalChain})
 	} else {
-		f.write(cat([]string{"-A", chainServices, "-m", "comment", "--comment", internalComment}, proto,
-			[]string{"-d", plan.clusterIP, "--dport", pp.port, "-j", internalFilter})...)
+		f.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", internalComment}, proto,
+			[]string{"-d", plan.clusterIP, "--dport", pp.port, "-j", internalFilter})
 	}
 
 	for _, ip := range plan.externalIPs {
 		if pp.hasEndpoints {
-			d.write(cat([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` external IP"`}, proto,
-				[]string{"-d", ip, "--dport", pp.port, "-j", pp.extChain})...)
+			d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` external IP"`}, proto,
+				[]string{"-d", ip, "--dport", pp.port, "-j", pp.extChain})
 		}
 		if !pp.hasExternalEndpoints {
 			// Traffic the EXT chain did not short-circuit ends here.
-			f.write(cat([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment}, proto,
-				[]string{"-d", ip, "--dport", pp.port, "-j", externalFilter})...)
+			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment}, proto,
+				[]string{"-d", ip, "--dport", pp.port, "-j", externalFilter})
 		}
 	}
 
@@ -440,20 +552,20 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 	}
 	for _, ip := range plan.lbIPs {
 		if pp.hasEndpoints {
-			d.write(cat([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` loadbalancer IP"`}, proto,
-				[]string{"-d", ip, "--dport", pp.port, "-j", lbTarget})...)
+			d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` loadbalancer IP"`}, proto,
+				[]string{"-d", ip, "--dport", pp.port, "-j", lbTarget})
 		}
 		if pp.usesFWChain {
 			// A packet the FW chain let through was DNATed and no longer
 			// matches; anything else still to the LB IP is dropped.
-			f.write(cat([]string{"-A", chainFirewall, "-m", "comment", "--comment", `"` + pp.name + ` traffic not accepted by ` + pp.fwChain + `"`}, proto,
-				[]string{"-d", ip, "--dport", pp.port, "-j", "DROP"})...)
+			f.writeN([]string{"-A", chainFirewall, "-m", "comment", "--comment", `"` + pp.name + ` traffic not accepted by ` + pp.fwChain + `"`}, proto,
+				[]string{"-d", ip, "--dport", pp.port, "-j", "DROP"})
 		}
 	}
 	if !pp.hasExternalEndpoints {
 		for _, ip := range plan.lbIPs {
-			f.write(cat([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment}, proto,
-				[]string{"-d", ip, "--dport", pp.port, "-j", externalFilter})...)
+			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment}, proto,
+				[]string{"-d", ip, "--dport", pp.port, "-j", externalFilter})
 		}
 	}
 
@@ -461,13 +573,13 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 		if pp.hasEndpoints {
 			// NodePorts are not subject to loadBalancerSourceRanges, as
 			// upstream: a load balancer may deliver to them.
-			d.write(cat([]string{"-A", chainNodePorts, "-m", "comment", "--comment", pp.name}, proto,
-				[]string{"--dport", pp.nodePort, "-j", pp.extChain})...)
+			d.writeN([]string{"-A", chainNodePorts, "-m", "comment", "--comment", pp.name}, proto,
+				[]string{"--dport", pp.nodePort, "-j", pp.extChain})
 		}
 		if !pp.hasExternalEndpoints {
-			f.write(cat([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment,
+			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment,
 				"-m", "addrtype", "--dst-type", "LOCAL"}, proto,
-				[]string{"--dport", pp.nodePort, "-j", externalFilter})...)
+				[]string{"--dport", pp.nodePort, "-j", externalFilter})
 		}
 	}
 }
@@ -485,9 +597,9 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 			"-d", plan.clusterIP, "--dport", pp.port}
 		switch {
 		case p.masqueradeAll:
-			w.write(cat([]string{"-A", pp.internalChain}, match, []string{"-j", chainMarkMasq})...)
+			w.writeN([]string{"-A", pp.internalChain}, match, []string{"-j", chainMarkMasq})
 		case p.localCIDR != "":
-			w.write(cat([]string{"-A", pp.internalChain}, match, []string{"!", "-s", p.localCIDR, "-j", chainMarkMasq})...)
+			w.writeN([]string{"-A", pp.internalChain}, match, []string{"!", "-s", p.localCIDR, "-j", chainMarkMasq})
 		}
 	}
 
@@ -526,7 +638,7 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 		comment := []string{"-A", pp.fwChain, "-m", "comment", "--comment", `"` + pp.name + ` loadbalancer IP"`}
 		allowFromNode := false
 		for _, cidr := range plan.sourceRanges {
-			w.write(cat(comment, []string{"-s", cidr, "-j", pp.extChain})...)
+			w.writeN(comment, []string{"-s", cidr, "-j", pp.extChain})
 			pr := netip.MustParsePrefix(cidr) // masked by planService
 			for _, ip := range p.nodeIPs {
 				allowFromNode = allowFromNode || pr.Contains(ip)
@@ -537,7 +649,7 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 			// the node's own requests to it loop back with the LB IP as
 			// source and must be let in when the node itself is allowed.
 			for _, ip := range plan.lbIPs {
-				w.write(cat(comment, []string{"-s", ip, "-j", pp.extChain})...)
+				w.writeN(comment, []string{"-s", ip, "-j", pp.extChain})
 			}
 		}
 		// Falls through un-DNATed; PP-FIREWALL (filter) drops it.
@@ -564,11 +676,11 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 		}
 		// Hairpin: a pod reaching itself through the service must be
 		// masqueraded, or it would answer itself directly.
-		w.write(cat(head, []string{"-s", ep.ip, "-j", chainMarkMasq})...)
+		w.writeN(head, []string{"-s", ep.ip, "-j", chainMarkMasq})
 		if plan.affinity != "" {
 			head = append(head, "-m", "recent", "--name", ep.chain, "--set")
 		}
-		w.write(cat(head, []string{"-m", pp.proto, "-p", pp.proto, "-j", "DNAT", "--to-destination", ep.ipPort})...)
+		w.writeN(head, []string{"-m", pp.proto, "-p", pp.proto, "-j", "DNAT", "--to-destination", ep.ipPort})
 	}
 	return chains
 }
@@ -587,18 +699,18 @@ func (r *renderer) endpointRules(plan *svcPlan, pp *portPlan, chain string, eps 
 	}
 	if plan.affinity != "" {
 		for _, ep := range eps {
-			w.write(cat([]string{"-A", chain}, comment(ep),
-				[]string{"-m", "recent", "--name", ep.chain, "--rcheck", "--seconds", plan.affinity, "--reap", "-j", ep.chain})...)
+			w.writeN([]string{"-A", chain}, comment(ep),
+				[]string{"-m", "recent", "--name", ep.chain, "--rcheck", "--seconds", plan.affinity, "--reap", "-j", ep.chain})
 		}
 	}
 	n := len(eps)
 	for i, ep := range eps {
 		if i < n-1 {
-			w.write(cat([]string{"-A", chain}, comment(ep),
-				[]string{"-m", "statistic", "--mode", "random", "--probability", probability(n - i), "-j", ep.chain})...)
+			w.writeN([]string{"-A", chain}, comment(ep),
+				[]string{"-m", "statistic", "--mode", "random", "--probability", probability(n - i), "-j", ep.chain})
 			continue
 		}
-		w.write(cat([]string{"-A", chain}, comment(ep), []string{"-j", ep.chain})...)
+		w.writeN([]string{"-A", chain}, comment(ep), []string{"-j", ep.chain})
 	}
 }
 
@@ -617,13 +729,13 @@ func (r *renderer) nodePortJumps(d *lineBuffer) {
 		if p.family == IPv6 {
 			lo = "::1/128"
 		}
-		d.write(cat(comment, []string{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", lo, "-j", chainNodePorts})...)
+		d.writeN(comment, []string{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", lo, "-j", chainNodePorts})
 		return
 	}
 	for _, cidr := range p.nodePortCIDRs {
 		// Only the node's own addresses in the CIDR, as kube-proxy's
 		// interface lookup gives, without having to watch interfaces.
-		d.write(cat(comment, []string{"-d", cidr, "-m", "addrtype", "--dst-type", "LOCAL", "-j", chainNodePorts})...)
+		d.writeN(comment, []string{"-d", cidr, "-m", "addrtype", "--dst-type", "LOCAL", "-j", chainNodePorts})
 	}
 }
 
@@ -643,17 +755,5 @@ var probabilities = func() []string {
 	}
 	return out
 }()
-
-func cat(parts ...[]string) []string {
-	n := 0
-	for _, p := range parts {
-		n += len(p)
-	}
-	out := make([]string, 0, n)
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
-}
 
 func itoa(i int32) string { return strconv.Itoa(int(i)) }

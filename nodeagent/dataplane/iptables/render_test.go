@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current renderer")
@@ -163,4 +164,28 @@ func lineDiff(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestNFTListsWhenLarge checks the iptables-nft speed-up: a large nat input
+// for the nft backend starts with "-S"; small inputs and legacy ones do not.
+func TestNFTListsWhenLarge(t *testing.T) {
+	large := newTable(t, testNode(), scaleServices(200, 3)...)
+	small := newTable(t, testNode(), scaleServices(10, 3)...)
+	for _, tt := range []struct {
+		name    string
+		tbl     *proxytable.Table
+		backend Backend
+		want    bool
+	}{
+		{"large nft", large, BackendNFT, true},
+		{"small nft", small, BackendNFT, false},
+		{"large legacy", large, BackendLegacy, false},
+	} {
+		p := newParams(&Config{Family: IPv4, MasqueradeBit: 14}, tt.tbl.Node)
+		p.backend = tt.backend
+		rs := render(&renderInput{table: tt.tbl, params: p, full: true})
+		if got := strings.HasPrefix(string(rs.data), "*nat\n-S\n"); got != tt.want {
+			t.Errorf("%s: starts with -S = %v, want %v", tt.name, got, tt.want)
+		}
+	}
 }

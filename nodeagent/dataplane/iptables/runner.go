@@ -53,6 +53,7 @@ func binaryNames(family Family, backend Backend) binaries {
 type execRunner struct {
 	prefix  []string
 	bin     binaries
+	family  Family
 	backend Backend
 	// lockWait is passed as -w to legacy commands; the nft backend takes
 	// no lock (nf_tables transactions serialise in the kernel).
@@ -77,7 +78,7 @@ func newExecRunner(cfg *Config, backend Backend) (*execRunner, error) {
 			return nil, &MissingBinaryError{Name: cfg.CommandPrefix[0], Err: err}
 		}
 	}
-	return &execRunner{prefix: slices.Clone(cfg.CommandPrefix), bin: bin, backend: backend, lockWait: cfg.LockWait}, nil
+	return &execRunner{prefix: slices.Clone(cfg.CommandPrefix), bin: bin, family: cfg.Family, backend: backend, lockWait: cfg.LockWait}, nil
 }
 
 // waitArgs returns "-w N" for legacy tools: without it a legacy command
@@ -163,7 +164,7 @@ func (r *execRunner) ensureWithLibrary(ctx context.Context, table, chain string,
 	defer r.mu.Unlock()
 	if r.ipt == nil {
 		proto, timeout := goipt.ProtocolIPv4, 0
-		if r.family() == IPv6 {
+		if r.family == IPv6 {
 			proto = goipt.ProtocolIPv6
 		}
 		if r.backend == BackendLegacy && r.lockWait > 0 {
@@ -186,13 +187,6 @@ func (r *execRunner) ensureWithLibrary(ctx context.Context, table, chain string,
 		return libraryError(r.bin.iptables, err)
 	}
 	return nil
-}
-
-func (r *execRunner) family() Family {
-	if len(r.bin.iptables) > 3 && r.bin.iptables[:3] == "ip6" {
-		return IPv6
-	}
-	return IPv4
 }
 
 // libraryError classifies a go-iptables error like the command errors.

@@ -25,6 +25,7 @@ type syncer struct {
 }
 
 func newSyncer(t *testing.T, cfg Config) *syncer {
+	t.Helper()
 	f := newFakeRunner()
 	return &syncer{t: t, cfg: cfg, f: f, d: newDataplane(cfg, map[Backend]runner{cfg.Backend: f}), prev: proxytable.Empty()}
 }
@@ -133,8 +134,8 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 
 	// Add: dispatch rewritten, only the new service's chains written.
 	data := s.mustSync(false, append(others, nodePortService())...)
-	if !declares(data, chainServices) || !declares(data, chainNodePorts) {
-		t.Errorf("adding a service did not rewrite the dispatch chains:\n%s", data)
+	if declares(data, chainServices) || !strings.Contains(data, "\n-I PP-SERVICES 1 ") || !strings.Contains(data, "\n-A PP-NODEPORTS ") {
+		t.Errorf("adding a service did not edit the dispatch chains in place:\n%s", data)
 	}
 	if strings.Contains(data, ":PP-SVC-"+portHash("ns/svc-0:http", "tcp")) {
 		t.Errorf("adding a service rewrote another service's chains:\n%s", data)
@@ -146,6 +147,9 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 
 	// Remove: its chains are flushed and deleted.
 	data = s.mustSync(false, others...)
+	if !strings.Contains(data, "\n-D PP-SERVICES ") || !strings.Contains(data, "\n-D PP-NODEPORTS ") {
+		t.Errorf("removal did not delete the service's dispatch rules:\n%s", data)
+	}
 	np := portHash("ns/np", "tcp")
 	for _, c := range []string{prefixSvc + np, prefixExt + np, sepChain("ns/np", "tcp", localEP+":8080"), sepChain("ns/np", "tcp", remoteEP+":8080")} {
 		if !strings.Contains(data, "\n-X "+c+"\n") || !declares(data, c) {
@@ -438,4 +442,35 @@ func mutate(rng *rand.Rand, services map[string]*pb.Service) {
 			s.LocalEndpoints = append(s.LocalEndpoints, eps(p.Name, local...))
 		}
 	}
+}
+
+// TestJumpsRepaired checks that full syncs re-assert the jumps inside the
+// restore and, when one was removed behind our back (a firewall reload
+// flushing PREROUTING), fall back to installing them one by one.
+func TestJumpsRepaired(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, clusterIPTwoEndpoints())
+	n := s.f.ensured
+	data := s.mustSync(true, clusterIPTwoEndpoints())
+	if !strings.Contains(data, "\n-D PREROUTING ") || !strings.Contains(data, "\n-I PREROUTING 1 ") {
+		t.Fatalf("full sync does not re-assert the jumps in the restore:\n%s", data)
+	}
+	if s.f.ensured != n {
+		t.Errorf("jumps checked one by one although known to be installed")
+	}
+
+	s.f.kernel.tables["nat"].chains["PREROUTING"] = nil // flushed by someone
+	s.mustSync(true, clusterIPTwoEndpoints())
+	if got := s.f.kernel.tables["nat"].chains["PREROUTING"]; len(got) != 1 || ruleTarget(got[0]) != chainServices {
+		t.Fatalf("PREROUTING after repair = %q", got)
+	}
+	if s.f.ensured != n+len(jumps) {
+		t.Errorf("ensured %d jumps during the repair, want %d", s.f.ensured-n, len(jumps))
+	}
+	for _, c := range []string{"OUTPUT", "POSTROUTING"} {
+		if got := s.f.kernel.tables["nat"].chains[c]; len(got) != 1 {
+			t.Errorf("nat %s after repair = %q, want one jump", c, got)
+		}
+	}
+	s.assertKernelLikeFullSync()
 }

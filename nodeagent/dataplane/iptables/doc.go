@@ -1,0 +1,20 @@
+// Package iptables is the node agent's iptables dataplane: it programs one
+// IP family of a node's proxy table into the kernel with iptables-restore,
+// with the structure and behaviour of kube-proxy's iptables mode but in
+// chains of its own (PP-*), so it never touches kube-proxy's KUBE-* chains.
+//
+// The work is split by job:
+//
+//   - plan.go and render.go turn a proxytable.Table into iptables-restore
+//     input. They are pure: no I/O, no goroutines, deterministic output.
+//   - runner.go runs the tools (iptables-restore, iptables-save, iptables)
+//     behind the small runner interface; detect.go chooses between the
+//     legacy and nft backends as kube-proxy's iptables-wrapper does;
+//     jumps.go hooks our chains into the built-in ones.
+//   - dataplane.go is the Dataplane: full and partial syncs, what the
+//     kernel holds (to rewrite only what changed and prune what is gone),
+//     and recovery after a failed restore.
+//
+// README.md in this directory explains the ruleset: every chain, why each
+// hook, and the choices that are not obvious from the code.
+package iptables
