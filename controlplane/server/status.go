@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 
 	"google.golang.org/protobuf/proto"
@@ -116,14 +117,6 @@ func (r *registry) list(known func(string) bool, names []string) []*pb.NodeStatu
 			out = append(out, &pb.NodeStatus{NodeName: name, Known: true})
 		}
 	}
-	slices.SortFunc(out, func(a, b *pb.NodeStatus) int {
-		switch {
-		case a.NodeName < b.NodeName:
-			return -1
-		case a.NodeName > b.NodeName:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *pb.NodeStatus) int { return strings.Compare(a.NodeName, b.NodeName) })
 	return out
 }

@@ -164,22 +164,16 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 	case *pb.SyncRequest_Keepalive:
 		return nil
 	case *pb.SyncRequest_Ack:
-		v, err := ss.settle(k.Ack.GetVersion(), k.Ack.GetNonce())
+		v, err := ss.settle(k.Ack.GetVersion(), k.Ack.GetNonce(), ss.cur.Ack)
 		if err != nil {
 			return err
-		}
-		if err := ss.cur.Ack(v); err != nil {
-			return fmt.Errorf("%w: %w", errInvalid, err)
 		}
 		ss.st.acked(v)
 		return nil
 	case *pb.SyncRequest_Nack:
-		v, err := ss.settle(k.Nack.GetVersion(), k.Nack.GetNonce())
+		v, err := ss.settle(k.Nack.GetVersion(), k.Nack.GetNonce(), ss.cur.Nack)
 		if err != nil {
 			return err
-		}
-		if err := ss.cur.Nack(v); err != nil {
-			return fmt.Errorf("%w: %w", errInvalid, err)
 		}
 		detail := nackDetail(k.Nack)
 		metrics.NacksTotal.Inc()
@@ -193,14 +187,18 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 	}
 }
 
-// settle checks that an ACK or NACK answers the response in flight and
-// ends its wait.
-func (ss *syncSession) settle(version, nonce string) (uint64, error) {
+// settle checks that an ACK or NACK answers the response in flight,
+// records it in the cursor with record (Cursor.Ack or Cursor.Nack), and
+// ends the wait. Nothing changes unless all of it succeeds.
+func (ss *syncSession) settle(version, nonce string, record func(uint64) error) (uint64, error) {
 	if ss.nonce == "" || nonce != ss.nonce {
 		return 0, fmt.Errorf("%w: answer for nonce %q, but %q is in flight", errInvalid, nonce, ss.nonce)
 	}
 	v, err := compute.ParseVersion(version)
 	if err != nil {
+		return 0, fmt.Errorf("%w: %w", errInvalid, err)
+	}
+	if err := record(v); err != nil {
 		return 0, fmt.Errorf("%w: %w", errInvalid, err)
 	}
 	ss.nonce = ""

@@ -256,6 +256,13 @@ func TestMalformedMessagesCloseOnlyThatStream(t *testing.T) {
 			a.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: r.GetSnapshot().GetVersion(), Nonce: "999"}}})
 			return a.recvErr()
 		}},
+		{"ack with the right nonce and a wrong version", func(t *testing.T) error {
+			t.Helper()
+			a := connect(t, client, &pb.Hello{NodeName: "wrong-version"})
+			r := a.recv()
+			a.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: "0123456789abcdef", Nonce: r.GetNonce()}}})
+			return a.recvErr()
+		}},
 		{"empty request", func(t *testing.T) error {
 			t.Helper()
 			a := connect(t, client, &pb.Hello{NodeName: "empty"})
