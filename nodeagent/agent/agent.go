@@ -41,8 +41,14 @@ type Agent struct {
 	store  Store
 	log    *slog.Logger
 	health *Health
-	reqs   chan request
-	held   atomic.Pointer[proxytable.Table] // the table in force, for hellos
+	reqs    chan request
+	held    atomic.Pointer[proxytable.Table] // the table in force, for hellos
+	started chan struct{}                    // closed once the cache was programmed (or tried)
+
+	// needFull, owned by the Run goroutine, makes the next sync full: after
+	// a failed sync the kernel may hold part of the rejected table (one
+	// family programmed, the other not), which only a full sync repairs.
+	needFull bool
 }
 
 type request struct {
@@ -53,7 +59,7 @@ type request struct {
 // New returns an agent starting from cached, the table loaded from the
 // cache (nil when none). Run programs it before anything else.
 func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Table, log *slog.Logger) *Agent {
-	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: NewHealth(2 * cfg.SyncPeriod), reqs: make(chan request)}
+	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: NewHealth(2 * cfg.SyncPeriod), reqs: make(chan request), started: make(chan struct{})}
 	if cached == nil {
 		cached = proxytable.Empty()
 	}
@@ -63,6 +69,10 @@ func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Tab
 
 // Health reports the agent's sync health for /healthz and /livez.
 func (a *Agent) Health() *Health { return a.health }
+
+// Started is closed once Run has tried to program the cached table (at
+// once when there is none), so that a control plane is contacted after it.
+func (a *Agent) Started() <-chan struct{} { return a.started }
 
 // Held returns the table in force: programmed, persisted, and what the
 // agent tells a control plane it holds. Safe for concurrent use.
@@ -94,8 +104,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	timer := time.NewTimer(a.cfg.SyncPeriod)
 	defer timer.Stop()
 	if a.Held().Version != "" {
-		timer.Reset(0) // program the cached table before anything else
+		// Program the cached table before anything else.
+		if err := a.sync(ctx, a.Held(), nil, true); err != nil {
+			a.log.Error("programming the cached table failed; retrying", "err", err, "retryIn", retry)
+			timer.Reset(retry)
+			retry = min(2*retry, a.cfg.RetryMax)
+		}
 	}
+	close(a.started)
 	for {
 		select {
 		case <-ctx.Done():
@@ -139,18 +155,18 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 		return err // nothing to program: health is unaffected
 	}
 	a.health.Queued(time.Now())
-	full := changed == nil
-	if err := a.store.Save(next, changed, full); err != nil {
+	full := changed == nil || a.needFull
+	if err := a.store.Save(next, changed, changed == nil); err != nil {
 		return fmt.Errorf("persisting table: %w", err)
 	}
 	if err := a.sync(ctx, next, changed, full); err != nil {
 		// The kernel kept the previous rules; make the cache agree.
-		if rerr := a.store.Save(cur, changed, full); rerr != nil {
+		if rerr := a.store.Save(cur, changed, changed == nil); rerr != nil {
 			a.log.Error("restoring the cache after a failed sync", "err", rerr)
 		}
 		return fmt.Errorf("programming table: %w", err)
 	}
-	if !full {
+	if changed != nil {
 		observeTriggerTimes(resp.GetDelta().GetUpserts())
 	}
 	metrics.CacheSavedTimestamp.SetToCurrentTime()
@@ -161,8 +177,10 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error {
 	start := time.Now()
 	if err := a.dp.Sync(ctx, t, changed, full); err != nil {
+		a.needFull = true
 		return err
 	}
+	a.needFull = false
 	took := time.Since(start).Seconds()
 	metrics.SyncProxyRulesDuration.Observe(took)
 	if full {

@@ -221,3 +221,31 @@ func TestHealth(t *testing.T) {
 		t.Error("healthy although the oldest pending change waited 90 s")
 	}
 }
+
+func TestSyncAfterAFailureIsFull(t *testing.T) {
+	r := newRecorder()
+	a := newAgent(r, nil)
+	run(t, a)
+	a1, b1 := entry("a", 1, 80), entry("b", 2, 80)
+	first := snapshot(a1, b1)
+	if _, err := a.Apply(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	v1 := first.GetSnapshot().GetVersion()
+	delta := func(e *pb.ServiceEntry) *pb.SyncResponse {
+		return &pb.SyncResponse{Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{BaseVersion: v1, Version: version(node, a1, e), Upserts: []*pb.ServiceEntry{e}}}}
+	}
+	r.failSyncs(errors.New("one family failed"))
+	if _, err := a.Apply(context.Background(), delta(entry("b", 5, 81))); err == nil {
+		t.Fatal("want the failed sync reported")
+	}
+	r.failSyncs(nil)
+	b3 := entry("b", 6, 82)
+	if _, err := a.Apply(context.Background(), delta(b3)); err != nil {
+		t.Fatal(err)
+	}
+	calls := r.log()
+	if want := "sync " + version(node, a1, b3) + " full=true changed=[default/b]"; calls[len(calls)-1] != want {
+		t.Errorf("last call %q, want %q: the kernel may hold part of the failed table", calls[len(calls)-1], want)
+	}
+}

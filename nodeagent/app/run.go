@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -31,7 +32,7 @@ var Version = "dev"
 
 // Run runs the node agent until ctx ends. o must be valid.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
-	dp, err := newDataplane(o)
+	dp, err := newDataplane(o, log)
 	if err != nil {
 		return err
 	}
@@ -56,9 +57,27 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		{Addr: o.MetricsBindAddress, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ReadHeaderTimeout: 10 * time.Second},
 	}
 
+	// Listen before starting anything, so a taken port fails cleanly.
+	listeners := make([]net.Listener, len(servers))
+	for i, s := range servers {
+		if listeners[i], err = net.Listen("tcp", s.Addr); err != nil {
+			for _, l := range listeners[:i] {
+				_ = l.Close()
+			}
+			return fmt.Errorf("listening on %s: %w", s.Addr, err)
+		}
+	}
+
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.Run(ctx) })
 	g.Go(func() error {
+		// The cached table is programmed (or tried) before any control
+		// plane is contacted, as the design requires.
+		select {
+		case <-a.Started():
+		case <-ctx.Done():
+			return nil
+		}
 		return client.Run(ctx, client.Options{
 			Addresses: o.ControlPlanes,
 			NodeName:  o.NodeName,
@@ -77,13 +96,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			},
 		}, a, log.With("component", "client"))
 	})
-	for _, s := range servers {
-		lis, err := net.Listen("tcp", s.Addr)
-		if err != nil {
-			return fmt.Errorf("listening on %s: %w", s.Addr, err)
-		}
+	for i, s := range servers {
 		g.Go(func() error {
-			if err := s.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+			if err := s.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serving %s: %w", s.Addr, err)
 			}
 			return nil
@@ -102,10 +117,19 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	return g.Wait()
 }
 
-// newDataplane builds one iptables dataplane per IP family.
-func newDataplane(o *Options) (dataplane.Dataplane, error) {
+// newDataplane builds one iptables dataplane per IP family the node has.
+// Like kube-proxy, it leaves out IPv6 on a node without it (a kernel booted
+// with ipv6.disable=1 has no /proc/net/if_inet6): programming it there
+// would fail every sync and reject every table.
+func newDataplane(o *Options, log *slog.Logger) (dataplane.Dataplane, error) {
+	families := []iptables.Family{iptables.IPv4}
+	if _, err := os.Stat("/proc/net/if_inet6"); err == nil {
+		families = append(families, iptables.IPv6)
+	} else {
+		log.Warn("IPv6 is not available on this node; programming IPv4 only", "err", err)
+	}
 	var dps []dataplane.Dataplane
-	for _, family := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+	for _, family := range families {
 		cfg := iptables.DefaultConfig(family)
 		cfg.Backend = iptables.Backend(o.IPTablesBackend)
 		cfg.MasqueradeBit = o.MasqueradeBit

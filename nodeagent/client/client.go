@@ -135,8 +135,11 @@ func session(ctx context.Context, o Options, addr string, a Applier, log *slog.L
 		case <-silence.C:
 			return errSilent
 		case resp := <-tables:
+			err := s.answer(ctx, a, resp, log)
+			// A long apply is not silence: the receive goroutine answered
+			// keepalives meanwhile.
 			silence.Reset(o.SilenceTimeout)
-			if err := s.answer(ctx, a, resp, log); err != nil {
+			if err != nil {
 				return err
 			}
 		}
@@ -196,9 +199,20 @@ func (s *syncStream) answer(ctx context.Context, a Applier, resp *pb.SyncRespons
 		msg, entries := agent.NackDetail(err)
 		metrics.NacksTotal.Inc()
 		log.Error("rejecting table; previous rules stay in force", "version", version, "err", err)
-		return s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{
+		if serr := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{
 			Version: version, Nonce: resp.GetNonce(), Error: msg, EntryErrors: entries,
-		}}})
+		}}}); serr != nil {
+			return serr
+		}
+		if !errors.Is(err, proxytable.ErrInvalidTable) {
+			// A valid table that could not be persisted or programmed (a
+			// held xtables lock, a full disk) is worth retrying, but the
+			// control plane never resends a NACKed version on a stream.
+			// Reconnecting, after the backoff, makes it send the latest
+			// table again from what the agent holds.
+			return fmt.Errorf("retrying after a failed apply: %w", err)
+		}
+		return nil
 	}
 	log.Debug("table applied", "version", applied)
 	return s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: applied, Nonce: resp.GetNonce()}}})

@@ -216,3 +216,18 @@ func TestFailoverAndReconnect(t *testing.T) {
 		t.Fatal("the reconnected stream did not start with a hello")
 	}
 }
+
+func TestFailedApplyIsRetriedOnANewStream(t *testing.T) {
+	fakes, dial := listeners(t, "cp")
+	start(t, &fakeApplier{held: proxytable.Empty(), fail: errors.New("xtables lock held")}, dial, "cp")
+	s := accept(t, fakes["cp"])
+	recv(t, s) // hello
+	_ = s.Send(&pb.SyncResponse{Nonce: "n1", Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{Version: "00000000000000aa"}}})
+	if m := recv(t, s); m.GetNack() == nil {
+		t.Fatalf("answer %v, want a nack", m)
+	}
+	// The table was valid: the agent reconnects so that it is sent again.
+	if h := recv(t, accept(t, fakes["cp"])).GetHello(); h == nil {
+		t.Fatal("no new hello after a failed apply")
+	}
+}
