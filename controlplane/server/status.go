@@ -101,13 +101,19 @@ func (s *streamStatus) detach() {
 	}
 }
 
-// list returns the status of every node in known or in the registry,
-// sorted by name.
+// list returns the status of every known node and every connected one,
+// sorted by name, and forgets the rest.
 func (r *registry) list(known func(string) bool, names []string) []*pb.NodeStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*pb.NodeStatus, 0, len(names)+len(r.nodes))
 	for name, e := range r.nodes {
+		if e.stream == nil && !known(name) {
+			// Gone from the cluster and disconnected: forget it, or the
+			// registry grows with every name that ever said hello.
+			delete(r.nodes, name)
+			continue
+		}
 		st := proto.CloneOf(e.status)
 		st.Known = known(name)
 		out = append(out, st)

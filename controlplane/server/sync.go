@@ -137,10 +137,11 @@ func (ss *syncSession) sendNext(ctx context.Context) error {
 		kind, field = "snapshot", 2 // SyncResponse.snapshot
 	}
 	f := &frame{head: lengthPrefix(head, field, len(r.Body)), body: r.Body}
+	// r is in flight from here: the stream's exit decrements for it.
+	metrics.VersionsPendingAck.Inc()
 	if err := ss.out.send(ctx, f); err != nil {
 		return err
 	}
-	metrics.VersionsPendingAck.Inc()
 	metrics.ResponsesTotal.WithLabelValues(kind).Inc()
 	metrics.SentBytesTotal.WithLabelValues(kind).Add(float64(f.size()))
 	if r.LagReset {

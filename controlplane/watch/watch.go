@@ -45,6 +45,11 @@ type Watcher struct {
 	dirtyNodes   map[string]bool
 	wake         chan struct{} // capacity 1
 	handlerError error         // first error registering handlers
+	// handlersSynced report when each handler has seen its informer's
+	// initial list: an informer's own HasSynced does not cover its
+	// handlers, and publishing before they caught up would send agents a
+	// table missing Services.
+	handlersSynced []cache.InformerSynced
 }
 
 // New sets up the informers. resync is the informers' resync period (0
@@ -126,14 +131,18 @@ func (w *Watcher) handle(inf cache.SharedIndexInformer, key func(any) (string, b
 		default:
 		}
 	}
-	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    mark,
 		UpdateFunc: func(_, obj any) { mark(obj) },
 		DeleteFunc: mark,
 	})
-	if err != nil && w.handlerError == nil {
-		w.handlerError = fmt.Errorf("adding event handler: %w", err)
+	if err != nil {
+		if w.handlerError == nil {
+			w.handlerError = fmt.Errorf("adding event handler: %w", err)
+		}
+		return
 	}
+	w.handlersSynced = append(w.handlersSynced, reg.HasSynced)
 }
 
 // Run starts the informers, waits for their caches, publishes the first
@@ -143,7 +152,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	w.nodeFactory.Start(ctx.Done())
 	defer w.factory.Shutdown()
 	defer w.nodeFactory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), w.services.HasSynced, w.slices.HasSynced, w.nodes.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), w.handlersSynced...) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
