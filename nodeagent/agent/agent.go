@@ -36,11 +36,11 @@ type Config struct {
 
 // Agent owns the table in force. Create it with New and run it with Run.
 type Agent struct {
-	cfg    Config
-	dp     dataplane.Dataplane
-	store  Store
-	log    *slog.Logger
-	health *Health
+	cfg     Config
+	dp      dataplane.Dataplane
+	store   Store
+	log     *slog.Logger
+	health  *Health
 	reqs    chan request
 	held    atomic.Pointer[proxytable.Table] // the table in force, for hellos
 	started chan struct{}                    // closed once the cache was programmed (or tried)
