@@ -203,13 +203,17 @@ func (c *Cursor) Nack(v uint64) error {
 func (c *Cursor) snapshot(node *compute.Node) *Response {
 	r := &Response{Snapshot: true, Version: node.Hash}
 	keys := c.world.Keys()
-	entries := make([]compute.Entry, len(keys))
+	type item struct {
+		e       compute.Entry
+		trigger time.Time
+	}
+	items := make([]item, len(keys))
 	size := len(node.Bytes) + 32
 	for i, k := range keys {
 		svc := c.world.Service(k)
-		entries[i] = svc.EntryFor(node)
-		r.Version += entries[i].Hash
-		size += entries[i].Size() + len(k) + 48 // tags, lengths, hash, trigger time
+		items[i] = item{svc.EntryFor(node), svc.TriggerTime}
+		r.Version += items[i].e.Hash
+		size += items[i].e.Size() + len(k) + 48 // tags, lengths, hash, trigger time
 		r.noteTrigger(svc.TriggerTime)
 	}
 	// The version leads the message, so it is summed first; sizing the
@@ -218,7 +222,7 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 	body = appendString(body, snapVersion, compute.FormatVersion(r.Version))
 	body = appendMessage(body, snapNode, node.Bytes)
 	for i, k := range keys {
-		body = appendEntry(body, snapEntries, k, entries[i], c.world.Service(k).TriggerTime)
+		body = appendEntry(body, snapEntries, k, items[i].e, items[i].trigger)
 	}
 	r.Body, r.Upserts = body, len(keys)
 	return r

@@ -103,14 +103,23 @@ func (a *Agent) Run(ctx context.Context) error {
 	retry := a.cfg.RetryMin
 	timer := time.NewTimer(a.cfg.SyncPeriod)
 	defer timer.Stop()
-	if a.Held().Version != "" {
-		// Program the cached table before anything else.
-		if err := a.sync(ctx, a.Held(), nil, true); err != nil {
-			a.log.Error("programming the cached table failed; retrying", "err", err, "retryIn", retry)
-			timer.Reset(retry)
-			retry = min(2*retry, a.cfg.RetryMax)
+	// fullSync reprograms the table in force and schedules the next full
+	// sync: after the sync period, or sooner, with backoff, after a failure.
+	fullSync := func() {
+		wait := a.cfg.SyncPeriod
+		// With no table at all (no cache) the kernel is left alone rather
+		// than flushed of rules nothing can replace.
+		if held := a.Held(); held.Version != "" {
+			if err := a.sync(ctx, held, nil, true); err != nil {
+				a.log.Error("full sync failed; previous rules stay in force", "err", err, "retryIn", retry)
+				wait, retry = retry, min(2*retry, a.cfg.RetryMax)
+			} else {
+				retry = a.cfg.RetryMin
+			}
 		}
+		timer.Reset(wait)
 	}
+	fullSync() // the cached table, before anything else
 	close(a.started)
 	for {
 		select {
@@ -119,20 +128,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case req := <-a.reqs:
 			req.reply <- a.apply(ctx, req.resp)
 		case <-timer.C:
-			if a.Held().Version == "" {
-				// No table at all (no cache): leave the kernel alone
-				// rather than flush rules nothing can replace.
-				timer.Reset(a.cfg.SyncPeriod)
-				continue
-			}
-			if err := a.sync(ctx, a.Held(), nil, true); err != nil {
-				a.log.Error("full sync failed; previous rules stay in force", "err", err, "retryIn", retry)
-				timer.Reset(retry)
-				retry = min(2*retry, a.cfg.RetryMax)
-				continue
-			}
-			retry = a.cfg.RetryMin
-			timer.Reset(a.cfg.SyncPeriod)
+			fullSync()
 		}
 	}
 }
