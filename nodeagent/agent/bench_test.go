@@ -17,7 +17,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
-	"github.com/proxyplane/proxyplane/nodeagent/internal/nstest"
+	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
 // bigSnapshot is a table of n ClusterIP+NodePort Services with 3

@@ -18,7 +18,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
-	"github.com/proxyplane/proxyplane/nodeagent/internal/nstest"
+	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
 const (

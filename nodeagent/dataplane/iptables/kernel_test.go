@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
-	"github.com/proxyplane/proxyplane/nodeagent/internal/nstest"
+	"github.com/proxyplane/proxyplane/internal/nstest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 

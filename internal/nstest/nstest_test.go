@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/proxyplane/proxyplane/nodeagent/internal/nstest"
+	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
 const (
