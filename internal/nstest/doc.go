@@ -1,38 +1,46 @@
 // Package nstest builds throwaway network namespaces for tests that must
 // prove dataplane behaviour with real packets through the real kernel.
 //
-// New creates one Topology per call: a node namespace where the dataplane
-// under test programs its rules, pod namespaces on a bridge inside the
-// node, and a client namespace outside the cluster. Every test gets its
-// own namespaces, named from a hash of the test name, the process id and a
-// counter (as in "nst3f2a-81234-7-node"), so parallel tests and parallel
-// packages never share state, and t.Cleanup deletes them even when the
-// test fails. A test binary killed before its cleanups ran (by -timeout,
-// say) leaves its namespaces behind; the next New in any test process
-// deletes those of processes that no longer exist.
+// New creates one Topology per call: one or more node namespaces where the
+// dataplanes under test program their rules, each with pod namespaces on a
+// bridge inside it, a client namespace outside the cluster, and a LAN
+// namespace whose bridge connects the client and the nodes. Every test
+// gets its own namespaces, named from a hash of the test name, the process
+// id and a counter (as in "nst3f2a-81234-7-node-0"), so parallel tests and
+// parallel packages never share state, and t.Cleanup deletes them even
+// when the test fails. A test binary killed before its cleanups ran (by
+// -timeout, say) leaves its namespaces behind; the next New in any test
+// process deletes those of processes that no longer exist.
 //
-//	client namespace         node namespace                    pod namespaces
-//	+------------------+     +-------------------------------+
-//	| eth0             |veth | eth0  192.168.100.1/24        |
-//	|  192.168.100.2/24+-----+       fd00:100::1/64          |
-//	|  fd00:100::2/64  |     |                               |  +-------------------+
-//	| default via node |     | br0   10.244.1.1/24           |  | pod-0 eth0        |
-//	+------------------+     |       fd00:244:1::1/64        |  |  10.244.1.10/24   |
-//	                         |   +- veth0 (hairpin) ---------+--+  fd00:244:1::10/64|
-//	                         |   |                           |  | default via br0   |
-//	                         |   |                           |  +-------------------+
-//	                         |   |                           |  +-------------------+
-//	                         |   +- veth1 (hairpin) ---------+--+ pod-1 eth0        |
-//	                         |                               |  |  10.244.1.11/24   |
-//	                         | routes for ClusterIP ranges:  |  |  fd00:244:1::11/64|
-//	                         |   10.96.0.0/16   dev eth0     |  +-------------------+
-//	                         |   fd00:96::/112  dev eth0     |
-//	                         +-------------------------------+
+// With Options{Nodes: 2} (node k, its j-th pod; pods are numbered across
+// the topology, so node 1's pods are 2 and 3 by default):
+//
+//	client namespace            LAN namespace       node-k namespace
+//	+---------------------+     +-------------+     +------------------------------+
+//	| eth0 192.168.100.100|     | br0         |     | eth0  192.168.100.(k+1)/24   |
+//	|      fd00:100::100  +-----+ client      |     |       fd00:100::(k+1)/64     |
+//	| default via node-0  |     | node0 ------+-----+ node-0                       |
+//	| 198.51.100.32k/27   |     | node1 ------+-----+ node-1                       |
+//	|  via node-k         |     +-------------+     | br0   10.244.(k+1).1/24      |
+//	| 2001:db8:100:k::/64 |                         |       fd00:244:(k+1)::1/64   |
+//	|  via node-k         |                         |   veth0 (hairpin) -- pod     |
+//	+---------------------+                         |    eth0 10.244.(k+1).(10+j)  |
+//	                                                |         fd00:244:(k+1)::(10+j)|
+//	                                                |    default via br0           |
+//	                                                | ClusterIP ranges dev eth0    |
+//	                                                | other nodes' pod CIDRs       |
+//	                                                |   via their node IP          |
+//	                                                +------------------------------+
 //
 // The client reaches pods and the ClusterIP range through its default route
-// via the node, so client traffic is forwarded by the node exactly like
-// traffic from outside a real cluster; pods reach everything through the
-// bridge address, like pods behind a CNI bridge.
+// via node 0, so client traffic is forwarded by a node exactly like traffic
+// from outside a real cluster, and each node's external range (198.51.100.0/24
+// split in /27s, Node.ExternalIP) through that node, as a load balancer
+// would send a LoadBalancer IP or externalIP. Pods reach everything through
+// their bridge address, like pods behind a CNI bridge, and pods of other
+// nodes by their own addresses over routes between the nodes, like a
+// routed pod network. Node.Name ("node-k") is also the backend name of
+// servers in the node namespace and a natural Kubernetes Node name.
 //
 // # Kernel pitfalls handled
 //
@@ -66,7 +74,8 @@
 //     un-NATed replies.
 //   - accept_dad=0 and IFA_F_NODAD on every IPv6 address: duplicate address
 //     detection keeps addresses tentative (unusable) for about a second.
-//   - net.bridge.bridge-nf-call-iptables and -ip6tables=1 in the node: a pod
+//   - net.bridge.bridge-nf-call-iptables and -ip6tables=1 in the nodes (and
+//     0 in the LAN namespace, which only switches): a pod
 //     reaching a service whose endpoint is on the same bridge gets its reply
 //     bridged directly; only bridge netfilter sends that reply through
 //     conntrack so it is un-DNATed. The kernel default is already 1; it is
@@ -102,7 +111,7 @@
 //
 // ServeTCP and ServeUDP start backends that answer each connection or
 // datagram with one line, "<backend> <remote ip:port>", for example
-// "pod-0 192.168.100.2:40001", so a test learns which backend answered and
+// "pod-0 192.168.100.100:40001", so a test learns which backend answered and
 // which source address it saw (for masquerade and source-IP checks).
 // DialTCP and DialUDP send one line and parse that reply; IsRefused,
 // IsTimeout and IsUnreachable classify their errors (a REJECT refuses, a

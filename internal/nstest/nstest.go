@@ -29,28 +29,36 @@ import (
 // cannot collide between topologies and all stay within the 15-character
 // limit for interface names.
 const (
-	// NodeExternalLink is the node's end of the veth pair to the client
-	// namespace: the node's "external NIC", holding NodeIP.
+	// NodeExternalLink is a node's link to the LAN bridge: the node's
+	// "external NIC", holding its node IP.
 	NodeExternalLink = "eth0"
-	// BridgeLink is the bridge in the node namespace that the pods hang off.
+	// BridgeLink is the bridge in each node namespace that its pods hang
+	// off, and the LAN bridge in the LAN namespace.
 	BridgeLink = "br0"
 	// PodLink is the link inside each pod namespace (and inside the client
 	// namespace).
 	PodLink = "eth0"
 )
 
-// PodHostLink returns the name of the node's end of pod i's veth pair, a
-// port of BridgeLink.
+// PodHostLink returns the name of the node's end of the veth pair of the
+// node's i-th pod (counted within the node), a port of BridgeLink.
 func PodHostLink(i int) string { return "veth" + strconv.Itoa(i) }
+
+// lanPortLink names the LAN bridge's port for node k; "client" for the
+// client.
+func lanPortLink(k int) string { return "node" + strconv.Itoa(k) }
 
 // Defaults and bounds for Options, each with its reason.
 const (
 	// DefaultPods is two so a test can tell backends apart and observe load
 	// balancing.
 	DefaultPods = 2
-	// MaxPods keeps pod addresses (10.244.1.10 upwards) inside the /24 and
-	// setup time bounded.
+	// MaxPods keeps pod addresses (10.244.N.10 upwards) inside each node's
+	// /24 and setup time bounded.
 	MaxPods = 100
+	// MaxNodes keeps each node's external range (a /27 of 198.51.100.0/24)
+	// distinct.
+	MaxNodes = 8
 	// ExecTimeout bounds every command run by Exec, so a hung tool cannot
 	// hang the test binary until the global test timeout.
 	ExecTimeout = 30 * time.Second
@@ -58,7 +66,7 @@ const (
 	setupTimeout = 10 * time.Second
 )
 
-// defaultServiceCIDRs are the ClusterIP ranges routed by the node when
+// defaultServiceCIDRs are the ClusterIP ranges routed by the nodes when
 // Options.ServiceCIDRs is empty: the kubeadm default and an IPv6 /112 (the
 // largest range Kubernetes accepts for IPv6 services).
 var defaultServiceCIDRs = []netip.Prefix{
@@ -66,11 +74,14 @@ var defaultServiceCIDRs = []netip.Prefix{
 	netip.MustParsePrefix("fd00:96::/112"),
 }
 
-// Options configure New. The zero value is valid.
+// Options configure New. The zero value is valid: one node with two pods.
 type Options struct {
-	// Pods is the number of pod namespaces; 0 means DefaultPods.
+	// Nodes is the number of node namespaces; 0 means 1.
+	Nodes int
+	// Pods is the number of pod namespaces on each node; 0 means
+	// DefaultPods.
 	Pods int
-	// ServiceCIDRs are the ClusterIP ranges the node routes via
+	// ServiceCIDRs are the ClusterIP ranges each node routes via
 	// NodeExternalLink so its own connections reach OUTPUT DNAT; empty means
 	// 10.96.0.0/16 and fd00:96::/112.
 	ServiceCIDRs []netip.Prefix
@@ -79,6 +90,9 @@ type Options struct {
 // Validate reports whether the options are usable, after defaults apply.
 func (o Options) Validate() error {
 	o = o.withDefaults()
+	if o.Nodes < 1 || o.Nodes > MaxNodes {
+		return fmt.Errorf("nodes must be between 1 and %d, got %d", MaxNodes, o.Nodes)
+	}
 	if o.Pods < 1 || o.Pods > MaxPods {
 		return fmt.Errorf("pods must be between 1 and %d, got %d", MaxPods, o.Pods)
 	}
@@ -91,6 +105,9 @@ func (o Options) Validate() error {
 }
 
 func (o Options) withDefaults() Options {
+	if o.Nodes == 0 {
+		o.Nodes = 1
+	}
 	if o.Pods == 0 {
 		o.Pods = DefaultPods
 	}
@@ -102,12 +119,8 @@ func (o Options) withDefaults() Options {
 
 // Addresses of the topology; see the package documentation for the picture.
 var (
-	nodeIP      = netip.MustParseAddr("192.168.100.1")
-	nodeIPv6    = netip.MustParseAddr("fd00:100::1")
-	clientIP    = netip.MustParseAddr("192.168.100.2")
-	clientIPv6  = netip.MustParseAddr("fd00:100::2")
-	bridgeIP    = netip.MustParseAddr("10.244.1.1")
-	bridgeIPv6  = netip.MustParseAddr("fd00:244:1::1")
+	clientIP    = netip.MustParseAddr("192.168.100.100")
+	clientIPv6  = netip.MustParseAddr("fd00:100::100")
 	extPrefix   = 24
 	extPrefix6  = 64
 	podPrefix   = 24
@@ -162,10 +175,11 @@ func hasCaps(caps ...int) bool {
 type Topology struct {
 	tb       testing.TB
 	opts     Options
-	nodeNS   string
+	lanNS    string
 	clientNS string
+	nodes    []*Node
 	podNS    []string
-	// labels maps each namespace name to its role ("node", "client",
+	// labels maps each namespace name to its role ("node-0", "client",
 	// "pod-0"), the backend name its servers report. Not modified after New.
 	labels map[string]string
 	// nextPort numbers dials; see sourcePort.
@@ -176,6 +190,14 @@ type Topology struct {
 	// created lists the namespaces made so far, in creation order, for
 	// cleanup.
 	created []string
+}
+
+// Node is one node namespace of a Topology and the pods behind it.
+type Node struct {
+	index int
+	name  string // "node-<index>", also its label
+	ns    string
+	pods  []int // global pod indices
 }
 
 // nameSeq numbers topologies within this process.
@@ -200,14 +222,21 @@ func New(t testing.TB, opts Options) *Topology {
 	if err != nil {
 		t.Fatalf("nstest: %v", err)
 	}
-	tp.nodeNS = prefix + "-node"
+	tp.lanNS = prefix + "-lan"
 	tp.clientNS = prefix + "-client"
-	tp.labels[tp.nodeNS] = "node"
+	tp.labels[tp.lanNS] = "lan"
 	tp.labels[tp.clientNS] = "client"
-	for i := range opts.Pods {
-		name := fmt.Sprintf("%s-pod-%d", prefix, i)
-		tp.podNS = append(tp.podNS, name)
-		tp.labels[name] = fmt.Sprintf("pod-%d", i)
+	for k := range opts.Nodes {
+		n := &Node{index: k, name: fmt.Sprintf("node-%d", k), ns: fmt.Sprintf("%s-node-%d", prefix, k)}
+		tp.labels[n.ns] = n.name
+		for range opts.Pods {
+			i := len(tp.podNS)
+			name := fmt.Sprintf("%s-pod-%d", prefix, i)
+			tp.podNS = append(tp.podNS, name)
+			tp.labels[name] = fmt.Sprintf("pod-%d", i)
+			n.pods = append(n.pods, i)
+		}
+		tp.nodes = append(tp.nodes, n)
 	}
 	if err := tp.build(); err != nil {
 		t.Fatalf("nstest: building topology %s: %v", prefix, err)
@@ -239,7 +268,7 @@ func nsNameUsed(prefix string) bool {
 
 // leftoverName matches the namespaces New names, capturing the creating
 // process id.
-var leftoverName = regexp.MustCompile(`^nst[0-9a-f]{4}-([0-9]+)-[0-9]+-(node|client|pod-[0-9]+)$`)
+var leftoverName = regexp.MustCompile(`^nst[0-9a-f]{4}-([0-9]+)-[0-9]+-(node|node-[0-9]+|lan|client|pod-[0-9]+)$`)
 
 var sweepOnce sync.Once
 
@@ -270,64 +299,147 @@ func sweepLeftovers(t testing.TB) {
 	})
 }
 
-// NodeNS returns the name of the node namespace, where the dataplane runs.
-func (tp *Topology) NodeNS() string { return tp.nodeNS }
+// Nodes returns the number of node namespaces.
+func (tp *Topology) Nodes() int { return len(tp.nodes) }
+
+// Node returns node k. It panics if k is out of range.
+func (tp *Topology) Node(k int) *Node {
+	if k < 0 || k >= len(tp.nodes) {
+		panic(fmt.Sprintf("nstest: node index %d out of range [0,%d)", k, len(tp.nodes)))
+	}
+	return tp.nodes[k]
+}
+
+// PodNode returns the node that pod i runs on. It panics if i is out of
+// range.
+func (tp *Topology) PodNode(i int) *Node {
+	tp.checkPod(i)
+	return tp.nodes[i/tp.opts.Pods]
+}
+
+// NodeNS returns the name of node 0's namespace.
+func (tp *Topology) NodeNS() string { return tp.nodes[0].ns }
 
 // ClientNS returns the name of the client namespace outside the cluster.
 func (tp *Topology) ClientNS() string { return tp.clientNS }
 
-// PodNS returns the name of pod i's namespace. It panics if i is out of
-// range.
+// PodNS returns the name of pod i's namespace. Pods are numbered across
+// the topology: node k has pods k*Pods to (k+1)*Pods-1. It panics if i is
+// out of range.
 func (tp *Topology) PodNS(i int) string { return tp.podNS[i] }
 
-// Pods returns the number of pod namespaces.
+// Pods returns the number of pod namespaces, on all nodes.
 func (tp *Topology) Pods() int { return len(tp.podNS) }
 
-// ServiceCIDRs returns the ClusterIP ranges routed by the node.
+// ServiceCIDRs returns the ClusterIP ranges routed by the nodes.
 func (tp *Topology) ServiceCIDRs() []netip.Prefix {
 	return slices.Clone(tp.opts.ServiceCIDRs)
 }
 
-// NodeIP returns the node's IPv4 address on NodeExternalLink, 192.168.100.1.
-func (tp *Topology) NodeIP() netip.Addr { return nodeIP }
+// NodeIP returns node 0's IPv4 address, 192.168.100.1.
+func (tp *Topology) NodeIP() netip.Addr { return tp.nodes[0].IP() }
 
-// NodeIPv6 returns the node's IPv6 address on NodeExternalLink, fd00:100::1.
-func (tp *Topology) NodeIPv6() netip.Addr { return nodeIPv6 }
+// NodeIPv6 returns node 0's IPv6 address, fd00:100::1.
+func (tp *Topology) NodeIPv6() netip.Addr { return tp.nodes[0].IPv6() }
 
-// ClientIP returns the client's IPv4 address, 192.168.100.2.
+// ClientIP returns the client's IPv4 address, 192.168.100.100.
 func (tp *Topology) ClientIP() netip.Addr { return clientIP }
 
-// ClientIPv6 returns the client's IPv6 address, fd00:100::2.
+// ClientIPv6 returns the client's IPv6 address, fd00:100::100.
 func (tp *Topology) ClientIPv6() netip.Addr { return clientIPv6 }
 
-// BridgeIP returns the node's IPv4 address on the pod bridge, 10.244.1.1,
-// the pods' default gateway.
-func (tp *Topology) BridgeIP() netip.Addr { return bridgeIP }
+// BridgeIP returns node 0's IPv4 address on its pod bridge, 10.244.1.1.
+func (tp *Topology) BridgeIP() netip.Addr { return tp.nodes[0].BridgeIP() }
 
-// BridgeIPv6 returns the node's IPv6 address on the pod bridge,
-// fd00:244:1::1, the pods' default gateway.
-func (tp *Topology) BridgeIPv6() netip.Addr { return bridgeIPv6 }
+// BridgeIPv6 returns node 0's IPv6 address on its pod bridge,
+// fd00:244:1::1.
+func (tp *Topology) BridgeIPv6() netip.Addr { return tp.nodes[0].BridgeIPv6() }
 
-// PodIP returns pod i's IPv4 address, 10.244.1.(10+i). It panics if i is
-// out of range.
+// PodIP returns pod i's IPv4 address, 10.244.(k+1).(10+j) for the j-th
+// pod of node k. It panics if i is out of range.
 func (tp *Topology) PodIP(i int) netip.Addr {
-	tp.checkPod(i)
-	a := bridgeIP.As4()
-	a[3] = byte(firstPodOff + i)
+	n := tp.PodNode(i)
+	a := n.BridgeIP().As4()
+	a[3] = byte(firstPodOff + i - n.pods[0])
 	return netip.AddrFrom4(a)
 }
 
-// PodIPv6 returns pod i's IPv6 address, fd00:244:1::(10+i), its last group
-// spelled like the last octet of PodIP (pod 0 is fd00:244:1::10, pod 5 is
-// fd00:244:1::15). It panics if i is out of range.
+// PodIPv6 returns pod i's IPv6 address, fd00:244:(k+1)::(10+j) for the
+// j-th pod of node k, its last group spelled like the last octet of PodIP
+// (node 0's pod 5 is fd00:244:1::15). It panics if i is out of range.
 func (tp *Topology) PodIPv6(i int) netip.Addr {
-	tp.checkPod(i)
-	return netip.MustParseAddr(fmt.Sprintf("fd00:244:1::%d", firstPodOff+i))
+	n := tp.PodNode(i)
+	return netip.MustParseAddr(fmt.Sprintf("fd00:244:%d::%d", n.index+1, firstPodOff+i-n.pods[0]))
 }
 
 func (tp *Topology) checkPod(i int) {
 	if i < 0 || i >= len(tp.podNS) {
 		panic(fmt.Sprintf("nstest: pod index %d out of range [0,%d)", i, len(tp.podNS)))
+	}
+}
+
+// Name returns the node's name, "node-<k>": the label its servers report,
+// and a natural Kubernetes Node name for it.
+func (n *Node) Name() string { return n.name }
+
+// NS returns the name of the node's namespace, where its dataplane runs.
+func (n *Node) NS() string { return n.ns }
+
+// Pods returns the (topology-wide) indices of the node's pods.
+func (n *Node) Pods() []int { return slices.Clone(n.pods) }
+
+// IP returns the node's IPv4 address on the LAN, 192.168.100.(k+1).
+func (n *Node) IP() netip.Addr { return netip.AddrFrom4([4]byte{192, 168, 100, byte(n.index + 1)}) }
+
+// IPv6 returns the node's IPv6 address on the LAN, fd00:100::(k+1).
+func (n *Node) IPv6() netip.Addr {
+	return netip.MustParseAddr(fmt.Sprintf("fd00:100::%x", n.index+1))
+}
+
+// BridgeIP returns the node's IPv4 address on its pod bridge,
+// 10.244.(k+1).1, its pods' default gateway.
+func (n *Node) BridgeIP() netip.Addr { return netip.AddrFrom4([4]byte{10, 244, byte(n.index + 1), 1}) }
+
+// BridgeIPv6 returns the node's IPv6 address on its pod bridge,
+// fd00:244:(k+1)::1, its pods' default gateway.
+func (n *Node) BridgeIPv6() netip.Addr {
+	return netip.MustParseAddr(fmt.Sprintf("fd00:244:%d::1", n.index+1))
+}
+
+// PodCIDRs returns the node's pod ranges, 10.244.(k+1).0/24 and
+// fd00:244:(k+1)::/64, as its Node object would list them.
+func (n *Node) PodCIDRs() []netip.Prefix {
+	return []netip.Prefix{
+		netip.PrefixFrom(n.BridgeIP(), podPrefix).Masked(),
+		netip.PrefixFrom(n.BridgeIPv6(), podPrefix6).Masked(),
+	}
+}
+
+// ExternalIP returns the j-th address (0 <= j < 30) of the IPv4 range the
+// client routes via this node, 198.51.100.(32k+1+j): use it as a
+// LoadBalancer ingress IP or an externalIP that a load balancer or router
+// outside the cluster would send to this node. Nothing owns it.
+func (n *Node) ExternalIP(j int) netip.Addr {
+	if j < 0 || j >= 30 {
+		panic(fmt.Sprintf("nstest: external address index %d out of range [0,30)", j))
+	}
+	return netip.AddrFrom4([4]byte{198, 51, 100, byte(32*n.index + 1 + j)})
+}
+
+// ExternalIPv6 returns the j-th address of the IPv6 range the client
+// routes via this node, 2001:db8:100:k::(1+j) (0 <= j < 30).
+func (n *Node) ExternalIPv6(j int) netip.Addr {
+	if j < 0 || j >= 30 {
+		panic(fmt.Sprintf("nstest: external address index %d out of range [0,30)", j))
+	}
+	return netip.MustParseAddr(fmt.Sprintf("2001:db8:100:%x::%x", n.index, 1+j))
+}
+
+// externalRanges are the ranges the client routes via node n.
+func (n *Node) externalRanges() []netip.Prefix {
+	return []netip.Prefix{
+		netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(32 * n.index)}), 27),
+		netip.MustParsePrefix(fmt.Sprintf("2001:db8:100:%x::/64", n.index)),
 	}
 }
 
@@ -494,10 +606,10 @@ var nodeSysctls = []sysctl{
 }
 
 // bridgeSysctls exist only with bridge netfilter built in; see the package
-// documentation for why they matter.
+// documentation for why they matter. writeBridgeSysctls sets their value.
 var bridgeSysctls = []sysctl{
-	{"net/bridge/bridge-nf-call-iptables", "1"},
-	{"net/bridge/bridge-nf-call-ip6tables", "1"},
+	{"net/bridge/bridge-nf-call-iptables", ""},
+	{"net/bridge/bridge-nf-call-ip6tables", ""},
 }
 
 // linkSysctls returns the per-link settings for link in a namespace;
@@ -595,6 +707,74 @@ func (h *handle) addDefaultRoutes(name string, gws ...netip.Addr) error {
 	return nil
 }
 
+// addBridge creates bridge name and brings it up. Multicast snooping is off:
+// see the package documentation.
+func (h *handle) addBridge(name string) error {
+	snooping := false
+	if err := h.LinkAdd(&netlink.Bridge{
+		LinkAttrs:         netlink.LinkAttrs{Name: name},
+		MulticastSnooping: &snooping,
+	}); err != nil {
+		return fmt.Errorf("creating bridge %s in %s: %w", name, h.ns, err)
+	}
+	return h.up(name)
+}
+
+// addPort creates a veth pair, port here attached to bridge and brought
+// up, peerName in peer's namespace (left down, for its owner to address
+// first). hairpin lets the port send frames back where they came from.
+func (h *handle) addPort(bridge, port string, peer *handle, peerName string, hairpin bool) error {
+	if err := h.LinkAdd(&netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: port},
+		PeerName:      peerName,
+		PeerNamespace: netlink.NsFd(peer.fd),
+	}); err != nil {
+		return fmt.Errorf("creating veth %s in %s to %s: %w", port, h.ns, peer.ns, err)
+	}
+	br, err := h.link(bridge)
+	if err != nil {
+		return err
+	}
+	l, err := h.link(port)
+	if err != nil {
+		return err
+	}
+	if err := h.LinkSetMaster(l, br); err != nil {
+		return fmt.Errorf("attaching %s to %s in %s: %w", port, bridge, h.ns, err)
+	}
+	if hairpin {
+		if err := h.LinkSetHairpin(l, true); err != nil {
+			return fmt.Errorf("setting hairpin on %s in %s: %w", port, h.ns, err)
+		}
+	}
+	return h.up(port)
+}
+
+// addRoute routes dst out of link, via the gateway of dst's family among
+// gws, or directly (link scope) when gws has none.
+func (h *handle) addRoute(link string, dst netip.Prefix, gws ...netip.Addr) error {
+	l, err := h.link(link)
+	if err != nil {
+		return err
+	}
+	r := &netlink.Route{
+		LinkIndex: l.Attrs().Index,
+		Dst:       &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(dst.Bits(), dst.Addr().BitLen())},
+	}
+	for _, gw := range gws {
+		if gw.Is4() == dst.Addr().Is4() {
+			r.Gw = gw.AsSlice()
+		}
+	}
+	if r.Gw == nil && dst.Addr().Is4() {
+		r.Scope = netlink.SCOPE_LINK
+	}
+	if err := h.RouteAdd(r); err != nil {
+		return fmt.Errorf("adding route to %v in %s: %w", dst, h.ns, err)
+	}
+	return nil
+}
+
 // waitUp waits until each link's operational state is up: only then has the
 // kernel's link watcher replaced the "noop" queue discipline that drops
 // packets.
@@ -620,7 +800,11 @@ func (h *handle) waitUp(deadline time.Time, names ...string) error {
 // build creates and wires the namespaces. Each namespace is recorded for
 // cleanup as soon as it exists, so a failure part-way leaves nothing behind.
 func (tp *Topology) build() error {
-	all := append([]string{tp.nodeNS, tp.clientNS}, tp.podNS...)
+	all := []string{tp.lanNS, tp.clientNS}
+	for _, n := range tp.nodes {
+		all = append(all, n.ns)
+	}
+	all = append(all, tp.podNS...)
 	for _, ns := range all {
 		if err := tp.addNS(ns); err != nil {
 			return err
@@ -629,10 +813,17 @@ func (tp *Topology) build() error {
 			return err
 		}
 	}
-	if err := writeSysctls(tp.nodeNS, nodeSysctls); err != nil {
-		return err
+	for _, n := range tp.nodes {
+		if err := writeSysctls(n.ns, nodeSysctls); err != nil {
+			return err
+		}
+		if err := writeBridgeSysctls(n.ns, "1"); err != nil {
+			return err
+		}
 	}
-	if err := writeBridgeSysctls(tp.nodeNS); err != nil {
+	// The LAN bridge only switches: frames between nodes must not meet
+	// netfilter (and conntrack) in the LAN namespace too.
+	if err := writeBridgeSysctls(tp.lanNS, "0"); err != nil {
 		return err
 	}
 
@@ -652,74 +843,101 @@ func (tp *Topology) build() error {
 			return err
 		}
 	}
-	node, client := handles[tp.nodeNS], handles[tp.clientNS]
+	lan, client := handles[tp.lanNS], handles[tp.clientNS]
+	deadline := time.Now().Add(setupTimeout)
 
-	// Client veth: node eth0 <-> client eth0.
-	if err := node.LinkAdd(&netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: NodeExternalLink},
-		PeerName:      PodLink,
-		PeerNamespace: netlink.NsFd(client.fd),
-	}); err != nil {
-		return fmt.Errorf("creating client veth: %w", err)
+	// The LAN: a bridge with a port for the client and one per node.
+	if err := lan.addBridge(BridgeLink); err != nil {
+		return err
 	}
-	if err := node.addAddrs(NodeExternalLink,
-		netip.PrefixFrom(nodeIP, extPrefix), netip.PrefixFrom(nodeIPv6, extPrefix6)); err != nil {
+	lanPorts := []string{"client"}
+	if err := lan.addPort(BridgeLink, "client", client, PodLink, false); err != nil {
 		return err
 	}
 	if err := client.addAddrs(PodLink,
 		netip.PrefixFrom(clientIP, extPrefix), netip.PrefixFrom(clientIPv6, extPrefix6)); err != nil {
 		return err
 	}
-	if err := node.up(NodeExternalLink); err != nil {
-		return err
-	}
 	if err := client.up(PodLink); err != nil {
 		return err
 	}
-	if err := client.addDefaultRoutes(PodLink, nodeIP, nodeIPv6); err != nil {
+
+	for _, n := range tp.nodes {
+		node := handles[n.ns]
+		lanPorts = append(lanPorts, lanPortLink(n.index))
+		if err := lan.addPort(BridgeLink, lanPortLink(n.index), node, NodeExternalLink, false); err != nil {
+			return err
+		}
+		if err := node.addAddrs(NodeExternalLink,
+			netip.PrefixFrom(n.IP(), extPrefix), netip.PrefixFrom(n.IPv6(), extPrefix6)); err != nil {
+			return err
+		}
+		if err := node.up(NodeExternalLink); err != nil {
+			return err
+		}
+		if err := tp.buildPods(n, node, handles); err != nil {
+			return err
+		}
+		if err := tp.buildNodeRoutes(n, node); err != nil {
+			return err
+		}
+		// The client reaches node k's external range through node k, as a
+		// load balancer or router would send it.
+		for _, p := range n.externalRanges() {
+			if err := client.addRoute(PodLink, p, n.IP(), n.IPv6()); err != nil {
+				return err
+			}
+		}
+	}
+	// Everything else (pods, ClusterIPs) through node 0: the client is
+	// outside the cluster, and node 0 forwards its traffic like a gateway.
+	if err := client.addDefaultRoutes(PodLink, tp.NodeIP(), tp.NodeIPv6()); err != nil {
+		return err
+	}
+	if err := lan.waitUp(deadline, lanPorts...); err != nil {
 		return err
 	}
 
-	// Bridge and pods.
-	snooping := false
-	if err := node.LinkAdd(&netlink.Bridge{
-		LinkAttrs:         netlink.LinkAttrs{Name: BridgeLink},
-		MulticastSnooping: &snooping,
-	}); err != nil {
-		return fmt.Errorf("creating bridge: %w", err)
-	}
-	if err := node.addAddrs(BridgeLink,
-		netip.PrefixFrom(bridgeIP, podPrefix), netip.PrefixFrom(bridgeIPv6, podPrefix6)); err != nil {
-		return err
-	}
-	if err := node.up(BridgeLink); err != nil {
-		return err
-	}
-	br, err := node.link(BridgeLink)
-	if err != nil {
-		return err
-	}
-	for i, ns := range tp.podNS {
-		pod := handles[ns]
-		hostLink := PodHostLink(i)
-		if err := node.LinkAdd(&netlink.Veth{
-			LinkAttrs:     netlink.LinkAttrs{Name: hostLink},
-			PeerName:      PodLink,
-			PeerNamespace: netlink.NsFd(pod.fd),
-		}); err != nil {
-			return fmt.Errorf("creating veth for pod %d: %w", i, err)
+	// Per-link settings, now that the links exist.
+	for _, n := range tp.nodes {
+		nodeLinks := []string{"lo", BridgeLink, NodeExternalLink}
+		for j := range n.pods {
+			nodeLinks = append(nodeLinks, PodHostLink(j))
 		}
-		hl, err := node.link(hostLink)
-		if err != nil {
+		var s []sysctl
+		for _, l := range nodeLinks {
+			s = append(s, linkSysctls(l, true)...)
+		}
+		if err := writeSysctls(n.ns, s); err != nil {
 			return err
 		}
-		if err := node.LinkSetMaster(hl, br); err != nil {
-			return fmt.Errorf("attaching %s to %s: %w", hostLink, BridgeLink, err)
+		if err := handles[n.ns].waitUp(deadline, nodeLinks[1:]...); err != nil {
+			return err
 		}
-		if err := node.LinkSetHairpin(hl, true); err != nil {
-			return fmt.Errorf("setting hairpin on %s: %w", hostLink, err)
+	}
+	for _, ns := range append([]string{tp.clientNS}, tp.podNS...) {
+		if err := writeSysctls(ns, append(linkSysctls("lo", false), linkSysctls(PodLink, false)...)); err != nil {
+			return err
 		}
-		if err := node.up(hostLink); err != nil {
+		if err := handles[ns].waitUp(deadline, PodLink); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildPods creates node n's pod bridge and its pods.
+func (tp *Topology) buildPods(n *Node, node *handle, handles map[string]*handle) error {
+	if err := node.addBridge(BridgeLink); err != nil {
+		return err
+	}
+	if err := node.addAddrs(BridgeLink,
+		netip.PrefixFrom(n.BridgeIP(), podPrefix), netip.PrefixFrom(n.BridgeIPv6(), podPrefix6)); err != nil {
+		return err
+	}
+	for j, i := range n.pods {
+		pod := handles[tp.podNS[i]]
+		if err := node.addPort(BridgeLink, PodHostLink(j), pod, PodLink, true); err != nil {
 			return err
 		}
 		if err := pod.addAddrs(PodLink,
@@ -729,55 +947,31 @@ func (tp *Topology) build() error {
 		if err := pod.up(PodLink); err != nil {
 			return err
 		}
-		if err := pod.addDefaultRoutes(PodLink, bridgeIP, bridgeIPv6); err != nil {
+		if err := pod.addDefaultRoutes(PodLink, n.BridgeIP(), n.BridgeIPv6()); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	// ClusterIP ranges: the node's own connections need a route before
-	// OUTPUT DNAT rewrites the destination.
-	ext, err := node.link(NodeExternalLink)
-	if err != nil {
-		return err
-	}
+// buildNodeRoutes routes the ClusterIP ranges out of node n's external
+// link (its own connections need a route before OUTPUT DNAT rewrites the
+// destination) and the other nodes' pod ranges via those nodes, as a
+// routed pod network does.
+func (tp *Topology) buildNodeRoutes(n *Node, node *handle) error {
 	for _, p := range tp.opts.ServiceCIDRs {
-		r := &netlink.Route{
-			LinkIndex: ext.Attrs().Index,
-			Dst:       &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())},
-		}
-		if p.Addr().Is4() {
-			r.Scope = netlink.SCOPE_LINK
-		}
-		if err := node.RouteAdd(r); err != nil {
-			return fmt.Errorf("adding route for service CIDR %v: %w", p, err)
-		}
-	}
-
-	// Per-link settings, now that the links exist.
-	nodeLinks := []string{"lo", BridgeLink, NodeExternalLink}
-	for i := range tp.podNS {
-		nodeLinks = append(nodeLinks, PodHostLink(i))
-	}
-	var s []sysctl
-	for _, l := range nodeLinks {
-		s = append(s, linkSysctls(l, true)...)
-	}
-	if err := writeSysctls(tp.nodeNS, s); err != nil {
-		return err
-	}
-	for _, ns := range append([]string{tp.clientNS}, tp.podNS...) {
-		if err := writeSysctls(ns, append(linkSysctls("lo", false), linkSysctls(PodLink, false)...)); err != nil {
+		if err := node.addRoute(NodeExternalLink, p); err != nil {
 			return err
 		}
 	}
-
-	deadline := time.Now().Add(setupTimeout)
-	if err := node.waitUp(deadline, nodeLinks[1:]...); err != nil {
-		return err
-	}
-	for _, ns := range append([]string{tp.clientNS}, tp.podNS...) {
-		if err := handles[ns].waitUp(deadline, PodLink); err != nil {
-			return err
+	for _, other := range tp.nodes {
+		if other == n {
+			continue
+		}
+		for _, p := range other.PodCIDRs() {
+			if err := node.addRoute(NodeExternalLink, p, other.IP(), other.IPv6()); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -786,7 +980,7 @@ func (tp *Topology) build() error {
 // writeBridgeSysctls sets bridgeSysctls, failing clearly when the kernel
 // lacks bridge netfilter rather than letting service tests through the
 // bridge fail later in confusing ways.
-func writeBridgeSysctls(ns string) error {
+func writeBridgeSysctls(ns, value string) error {
 	var present []sysctl
 	var missing []string
 	err := doIn(ns, func() error {
@@ -795,7 +989,7 @@ func writeBridgeSysctls(ns string) error {
 				missing = append(missing, s.path)
 				continue
 			}
-			present = append(present, s)
+			present = append(present, sysctl{s.path, value})
 		}
 		return nil
 	})

@@ -107,6 +107,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"max pods", nstest.Options{Pods: nstest.MaxPods}, true},
 		{"too many pods", nstest.Options{Pods: nstest.MaxPods + 1}, false},
 		{"negative pods", nstest.Options{Pods: -1}, false},
+		{"max nodes", nstest.Options{Nodes: nstest.MaxNodes}, true},
+		{"too many nodes", nstest.Options{Nodes: nstest.MaxNodes + 1}, false},
 		{"unmasked CIDR", nstest.Options{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.1/16")}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -218,8 +220,8 @@ func TestReachability(t *testing.T) {
 			{"pod-0 to pod-1", tp.PodNS(0), fam.pod(tp, 1), "pod-1", fam.pod(tp, 0)},
 			// The node's own traffic.
 			{"node to pod-1", tp.NodeNS(), fam.pod(tp, 1), "pod-1", fam.bridge(tp)},
-			{"client to node", tp.ClientNS(), fam.node(tp), "node", fam.client(tp)},
-			{"pod-0 to node", tp.PodNS(0), fam.bridge(tp), "node", fam.pod(tp, 0)},
+			{"client to node", tp.ClientNS(), fam.node(tp), "node-0", fam.client(tp)},
+			{"pod-0 to node", tp.PodNS(0), fam.bridge(tp), "node-0", fam.pod(tp, 0)},
 		}
 		for _, tc := range cases {
 			for _, d := range dialers {
@@ -233,6 +235,61 @@ func TestReachability(t *testing.T) {
 						t.Errorf("reply = %+v, want %+v", r, want)
 					}
 				})
+			}
+		}
+	}
+}
+
+// TestTwoNodes checks the routes between nodes: pods reach pods of the
+// other node by their own addresses, nodes reach each other and the other
+// node's pods, and the client reaches both nodes.
+func TestTwoNodes(t *testing.T) {
+	t.Parallel()
+	tp := nstest.New(t, nstest.Options{Nodes: 2})
+	n0, n1 := tp.Node(0), tp.Node(1)
+	if got := n1.Pods(); !slices.Equal(got, []int{2, 3}) {
+		t.Fatalf("node-1 pods = %v, want [2 3]", got)
+	}
+	if tp.PodNode(3) != n1 || tp.PodIP(3) != netip.MustParseAddr("10.244.2.11") {
+		t.Fatalf("pod 3 is on %s at %v, want node-1 at 10.244.2.11", tp.PodNode(3).Name(), tp.PodIP(3))
+	}
+	for i := range tp.Pods() {
+		tp.ServeTCP(i, backendPort)
+	}
+	for k := range tp.Nodes() {
+		tp.ServeTCPIn(tp.Node(k).NS(), "", backendPort)
+	}
+	for _, tc := range []struct {
+		name    string
+		from    string
+		to      netip.Addr
+		backend string
+		seen    netip.Addr
+	}{
+		{"pod-0 to pod-3", tp.PodNS(0), tp.PodIP(3), "pod-3", tp.PodIP(0)},
+		{"pod-2 to pod-1 over IPv6", tp.PodNS(2), tp.PodIPv6(1), "pod-1", tp.PodIPv6(2)},
+		{"node-0 to pod-2", n0.NS(), tp.PodIP(2), "pod-2", n0.IP()},
+		{"node-1 to node-0", n1.NS(), n0.IP(), "node-0", n1.IP()},
+		{"client to node-1", tp.ClientNS(), n1.IP(), "node-1", tp.ClientIP()},
+		{"client to pod-2 via node-0", tp.ClientNS(), tp.PodIP(2), "pod-2", tp.ClientIP()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := tp.DialTCP(tc.from, nstest.HostPort(tc.to, backendPort), dialWait)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := (nstest.Reply{Backend: tc.backend, SeenFrom: tc.seen}); r != want {
+				t.Errorf("reply = %+v, want %+v", r, want)
+			}
+		})
+	}
+	// External ranges: the client sends each node's range to that node.
+	for k := range tp.Nodes() {
+		n := tp.Node(k)
+		for _, ip := range []netip.Addr{n.ExternalIP(0), n.ExternalIPv6(0)} {
+			out := mustExec(t, tp, tp.ClientNS(), "ip", "route", "get", ip.String())
+			if gw := map[bool]netip.Addr{true: n.IP(), false: n.IPv6()}[ip.Is4()]; !strings.Contains(out, "via "+gw.String()+" ") {
+				t.Errorf("client routes %v as %q, want via %v", ip, out, gw)
 			}
 		}
 	}
