@@ -17,8 +17,9 @@
 //
 //	client namespace            LAN namespace       node-k namespace
 //	+---------------------+     +-------------+     +------------------------------+
-//	| eth0 192.168.100.100|     | br0         |     | eth0  192.168.100.(k+1)/24   |
-//	|      fd00:100::100  +-----+ client      |     |       fd00:100::(k+1)/64     |
+//	| eth0 192.168.100.100|     | br0 .254    |     | eth0  192.168.100.(k+1)/24   |
+//	|      fd00:100::100  +-----+ fd00:100::fe|     |       fd00:100::(k+1)/64     |
+//	|                     |     | client      |     | default via the LAN router   |
 //	| default via node-0  |     | node0 ------+-----+ node-0                       |
 //	| 198.51.100.32k/27   |     | node1 ------+-----+ node-1                       |
 //	|  via node-k         |     +-------------+     | br0   10.244.(k+1).1/24      |
@@ -39,7 +40,11 @@
 // would send a LoadBalancer IP or externalIP. Pods reach everything through
 // their bridge address, like pods behind a CNI bridge, and pods of other
 // nodes by their own addresses over routes between the nodes, like a
-// routed pod network. Node.Name ("node-k") is also the backend name of
+// routed pod network. The nodes' default route leads to the LAN namespace,
+// a router that knows nothing beyond the LAN and answers everything sent
+// to it with "unreachable": so traffic a rule should have dropped is told
+// apart from traffic no rule took, which a node routes there and which
+// fails at once instead of timing out. Node.Name ("node-k") is also the backend name of
 // servers in the node namespace and a natural Kubernetes Node name.
 //
 // # Kernel pitfalls handled
@@ -55,6 +60,12 @@
 //     redirects, which use up the ICMP rate-limit tokens for that peer, so a
 //     later REJECT's "port unreachable" is suppressed and "connection
 //     refused" turns into a timeout.
+//   - accept_redirects=0 (IPv4 and IPv6) everywhere: a node routes the
+//     ClusterIP ranges out of the link its client traffic comes in on, and
+//     IPv6 has no send_redirects switch, so it tells the client that the
+//     ClusterIP is on-link (an ICMPv6 redirect). A client that believed
+//     it would then look for the ClusterIP's neighbour itself, and its
+//     next datagrams would vanish.
 //   - net.ipv4.icmp_ratelimit=0, net.ipv4.icmp_ratemask=0,
 //     net.ipv6.icmp.ratelimit=0 and an empty net.ipv6.icmp.ratemask in every
 //     namespace: REJECTs and closed UDP ports answer with ICMP errors, which

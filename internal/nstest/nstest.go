@@ -119,6 +119,8 @@ func (o Options) withDefaults() Options {
 
 // Addresses of the topology; see the package documentation for the picture.
 var (
+	routerIP    = netip.MustParseAddr("192.168.100.254")
+	routerIPv6  = netip.MustParseAddr("fd00:100::fe")
 	clientIP    = netip.MustParseAddr("192.168.100.100")
 	clientIPv6  = netip.MustParseAddr("fd00:100::100")
 	extPrefix   = 24
@@ -584,6 +586,10 @@ func writeSysctls(ns string, settings []sysctl) error {
 // "default" values reach every link created later. Reasons are in the
 // package documentation.
 var commonSysctls = []sysctl{
+	{"net/ipv4/conf/all/accept_redirects", "0"},
+	{"net/ipv4/conf/default/accept_redirects", "0"},
+	{"net/ipv6/conf/all/accept_redirects", "0"},
+	{"net/ipv6/conf/default/accept_redirects", "0"},
 	{"net/ipv6/conf/all/accept_dad", "0"},
 	{"net/ipv6/conf/default/accept_dad", "0"},
 	{"net/ipv4/conf/all/rp_filter", "0"},
@@ -603,6 +609,17 @@ var nodeSysctls = []sysctl{
 	{"net/ipv4/conf/default/send_redirects", "0"},
 	{"net/ipv4/conf/all/route_localnet", "1"},
 	{"net/ipv4/conf/default/route_localnet", "1"},
+}
+
+// routerSysctls make the LAN namespace the nodes' default router, one that
+// knows no route beyond the LAN: it answers whatever a node sends it with
+// "unreachable" (an IPv6 router with forwarding off would drop silently).
+var routerSysctls = []sysctl{
+	{"net/ipv4/ip_forward", "1"},
+	{"net/ipv6/conf/all/forwarding", "1"},
+	{"net/ipv6/conf/default/forwarding", "1"},
+	{"net/ipv4/conf/all/send_redirects", "0"},
+	{"net/ipv4/conf/default/send_redirects", "0"},
 }
 
 // bridgeSysctls exist only with bridge netfilter built in; see the package
@@ -826,6 +843,9 @@ func (tp *Topology) build() error {
 	if err := writeBridgeSysctls(tp.lanNS, "0"); err != nil {
 		return err
 	}
+	if err := writeSysctls(tp.lanNS, routerSysctls); err != nil {
+		return err
+	}
 
 	handles := map[string]*handle{}
 	defer func() {
@@ -848,6 +868,10 @@ func (tp *Topology) build() error {
 
 	// The LAN: a bridge with a port for the client and one per node.
 	if err := lan.addBridge(BridgeLink); err != nil {
+		return err
+	}
+	if err := lan.addAddrs(BridgeLink,
+		netip.PrefixFrom(routerIP, extPrefix), netip.PrefixFrom(routerIPv6, extPrefix6)); err != nil {
 		return err
 	}
 	lanPorts := []string{"client"}
@@ -879,6 +903,9 @@ func (tp *Topology) build() error {
 			return err
 		}
 		if err := tp.buildNodeRoutes(n, node); err != nil {
+			return err
+		}
+		if err := node.addDefaultRoutes(NodeExternalLink, routerIP, routerIPv6); err != nil {
 			return err
 		}
 		// The client reaches node k's external range through node k, as a
