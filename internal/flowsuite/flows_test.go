@@ -1,7 +1,11 @@
 package flowsuite
 
 import (
+	"context"
+	"encoding/json"
 	"maps"
+	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"strings"
@@ -148,6 +152,9 @@ var flowCases = []flowCase{
 			r.expectFrom(r.client(), r.nodePortOn(0), "pod-0", client)
 			r.expectFrom(r.client(), r.externalOn(0), "pod-0", client)
 			r.expectDropped(r.client(), r.nodePortOn(1))
+			// The load balancer's health checks tell the two nodes apart.
+			r.expectHealthCheck(0, http.StatusOK, 1)
+			r.expectHealthCheck(1, http.StatusServiceUnavailable, 0)
 			// Inside the cluster the ClusterIP still reaches it from anywhere.
 			r.expectSpread(r.pod(3), r.service(), "pod-0")
 		},
@@ -407,6 +414,46 @@ func (r *run) expectDropped(ns, addr string) {
 	r.Helper()
 	if reply, err := r.tp.DialTCP(ns, addr, dropTimeout); !nstest.IsTimeout(err) {
 		r.Errorf("from %s to %s: got %+v, %v, want dropped (timeout)", label(ns), addr, reply, err)
+	}
+}
+
+// expectHealthCheck asks node k's healthCheckNodePort for the case's
+// Service, over HTTP from the client, as a load balancer would, and checks
+// the status and the local endpoint count.
+func (r *run) expectHealthCheck(k, status, localEndpoints int) {
+	r.Helper()
+	client := &http.Client{
+		Timeout: dialTimeout,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := r.tp.Do(r.client(), func() error {
+				var err error
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}},
+	}
+	defer client.CloseIdleConnections()
+	url := "http://" + nstest.HostPort(r.f.node(r.tp.Node(k)), firstHCPort+r.idx) + "/"
+	resp, err := client.Get(url)
+	if err != nil {
+		r.Errorf("GET %s: %v", url, err)
+		return
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var body struct {
+		Service struct {
+			Namespace, Name string
+		}
+		LocalEndpoints int
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		r.Errorf("GET %s: decoding body: %v", url, err)
+		return
+	}
+	if resp.StatusCode != status || body.LocalEndpoints != localEndpoints || body.Service.Namespace != namespace {
+		r.Errorf("GET %s: %d %+v, want %d with %d local endpoints", url, resp.StatusCode, body, status, localEndpoints)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -21,6 +22,8 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // Cluster layout: nstest's addresses, and the zone of each node.
@@ -99,8 +102,18 @@ func newCluster(t *testing.T, kind dataplaneKind) *cluster {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = store.Close() })
-		a := agent.New(agent.Config{SyncPeriod: time.Hour, RetryMin: time.Second, RetryMax: time.Minute},
-			kind.new(t, tp, n), store, cached, log)
+		hc := healthcheck.New(healthcheck.Config{Listen: listenIn(tp, n.NS())}, log)
+		t.Cleanup(func() { _ = hc.Close() })
+		a := agent.New(agent.Config{
+			SyncPeriod: time.Hour, RetryMin: time.Second, RetryMax: time.Minute,
+			AfterSync: []func(context.Context, *proxytable.Table){
+				func(_ context.Context, tb *proxytable.Table) {
+					if err := hc.Sync(tb); err != nil {
+						t.Errorf("%s: health check server: %v", n.Name(), err)
+					}
+				},
+			},
+		}, kind.new(t, tp, n), store, cached, log)
 		running++
 		go func() { _ = a.Run(ctx); finished <- struct{}{} }()
 		c.nodes = append(c.nodes, &clusterNode{ns: n, obj: obj, agent: a})
@@ -137,6 +150,7 @@ func (c *cluster) apply(t *testing.T, objs ...serviceObjects) {
 // build does what the control plane's watcher does with one Service:
 // skipped and invalid Services are absent from every table.
 func (c *cluster) build(t *testing.T, key string) *compute.Service {
+	t.Helper()
 	svc := c.services[key]
 	if compute.SkipReason(svc) != "" {
 		return nil
@@ -189,6 +203,19 @@ func (c *cluster) sync(t *testing.T) {
 		if want := compute.FormatVersion(r.Version); v != want {
 			t.Fatalf("%s: agent holds %s after applying %s", n.ns.Name(), v, want)
 		}
+	}
+}
+
+// listenIn listens inside namespace ns, as the agent of that node would.
+func listenIn(tp *nstest.Topology, ns string) func(network, addr string) (net.Listener, error) {
+	return func(network, addr string) (net.Listener, error) {
+		var l net.Listener
+		err := tp.Do(ns, func() error {
+			var err error
+			l, err = net.Listen(network, addr)
+			return err
+		})
+		return l, err
 	}
 }
 

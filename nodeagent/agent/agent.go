@@ -32,6 +32,12 @@ type Config struct {
 	SyncPeriod time.Duration
 	// RetryMin and RetryMax bound the backoff of a failed full sync.
 	RetryMin, RetryMax time.Duration
+	// AfterSync run, in order on the agent's goroutine, after each table is
+	// programmed (deltas and full syncs alike), as kube-proxy updates its
+	// healthCheckNodePort server and cleans stale conntrack entries after
+	// each rule sync. They report their own errors: the rules are in force
+	// whatever they do.
+	AfterSync []func(ctx context.Context, t *proxytable.Table)
 }
 
 // Agent owns the table in force. Create it with New and run it with Run.
@@ -190,6 +196,9 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 		metrics.AppliedVersion.WithLabelValues(t.Version).Set(1)
 	}
 	a.health.Updated(time.Now())
+	for _, f := range a.cfg.AfterSync {
+		f(ctx, t)
+	}
 	a.log.Debug("synced", "version", t.Version, "services", len(t.Entries), "full", full, "changed", len(changed), "took", time.Since(start))
 	return nil
 }

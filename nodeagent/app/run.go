@@ -24,7 +24,9 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
+	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // Version is the agent's build version, reported in the hello.
@@ -46,8 +48,27 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if cached != nil {
 		log.Info("loaded cached table", "version", cached.Version, "services", len(cached.Entries))
 	}
-	a := agent.New(agent.Config{SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod},
-		dp, c, cached, log.With("component", "agent"))
+	// The health check server answers for the table in force: the agent
+	// hands it each table after programming it.
+	var a *agent.Agent
+	nodePortAddresses, _ := parseCIDRs(o.NodePortAddresses) // Validate parsed them
+	hc := healthcheck.New(healthcheck.Config{
+		NodePortAddresses: nodePortAddresses,
+		Healthy:           func() bool { ok, _ := a.Health().Healthy(time.Now()); return ok },
+	}, log.With("component", "healthcheck"))
+	defer func() { _ = hc.Close() }()
+	a = agent.New(agent.Config{
+		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
+		AfterSync: []func(context.Context, *proxytable.Table){
+			func(_ context.Context, t *proxytable.Table) {
+				// Sync logs and keeps every port it could open; the next
+				// sync retries the others.
+				if err := hc.Sync(t); err != nil {
+					metrics.HealthCheckErrorsTotal.Inc()
+				}
+			},
+		},
+	}, dp, c, cached, log.With("component", "agent"))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

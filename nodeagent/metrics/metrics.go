@@ -60,11 +60,31 @@ var (
 		Namespace: "proxyplane_agent", Name: "nacks_total",
 		Help: "Table responses rejected (invalid, or failed to persist or program).",
 	})
+	// HealthCheckErrorsTotal counts health check server updates that left
+	// some healthCheckNodePort unserved (a port taken by another process).
+	HealthCheckErrorsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "proxyplane_agent", Name: "healthcheck_errors_total",
+		Help: "Health check server updates that could not serve every healthCheckNodePort.",
+	})
+	// ConntrackReconcilerSyncDuration is kube-proxy's metric of the same
+	// name: how long each stale-conntrack cleanup took.
+	ConntrackReconcilerSyncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Subsystem: "kubeproxy", Name: "conntrack_reconciler_sync_duration_seconds",
+		Help:    "Time taken to delete stale UDP conntrack entries after a sync.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+	})
+	// ConntrackReconcilerDeletedEntriesTotal is kube-proxy's metric of the
+	// same name: stale conntrack entries deleted.
+	ConntrackReconcilerDeletedEntriesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Subsystem: "kubeproxy", Name: "conntrack_reconciler_deleted_entries_total",
+		Help: "Stale UDP conntrack entries deleted after syncs.",
+	})
 )
 
 // Register registers every metric on r. Call it once per registry.
 func Register(r prometheus.Registerer) {
 	r.MustRegister(SyncProxyRulesDuration, SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration,
 		SyncProxyRulesLastTimestamp, NetworkProgrammingDuration, IPTablesRestoreFailuresTotal,
-		Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal)
+		Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal,
+		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal)
 }
