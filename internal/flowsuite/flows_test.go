@@ -267,6 +267,22 @@ var flowCases = []flowCase{
 		},
 	},
 	{
+		name:    "masquerade: off-cluster clients and other nodes' NodePorts, never pod to pod",
+		objects: plain("masquerade", []ep{ready(2)}, nodePorts),
+		check: func(r *run) {
+			n0, n1 := r.tp.Node(0), r.tp.Node(1)
+			// A pod keeps its address across nodes.
+			r.expectFrom(r.pod(0), r.service(), "pod-2", r.f.pick(r.tp.PodIP(0), r.tp.PodIPv6(0)))
+			// The client is outside the cluster CIDR: node-0 masquerades it
+			// as it sends it on to node-1.
+			r.expectFrom(r.client(), r.service(), "pod-2", r.f.node(n0))
+			// A NodePort on the node without the endpoint forwards it
+			// masqueraded; on the node with it, only the bridge is crossed.
+			r.expectFrom(r.client(), r.nodePortOn(0), "pod-2", r.f.node(n0))
+			r.expectFrom(r.client(), r.nodePortOn(1), "pod-2", r.f.bridge(n1))
+		},
+	},
+	{
 		name:    "hairpin: a pod reaches itself through its Service, masqueraded",
 		objects: plain("hairpin", []ep{ready(0)}),
 		check: func(r *run) {
