@@ -11,12 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // grpcurl finds the grpcurl binary that `make tools` builds into .bin.
@@ -31,6 +33,11 @@ func grpcurl(t *testing.T) string {
 	t.Skip("grpcurl not found on PATH: run `make tools`, or use `make test`")
 	return ""
 }
+
+// fixedEvents is an EventSource that always reports the same events.
+type fixedEvents struct{ r *pb.ListEventsResponse }
+
+func (f fixedEvents) Events() *pb.ListEventsResponse { return f.r }
 
 // TestGRPCurl drives a live server with the commands the README shows.
 func TestGRPCurl(t *testing.T) {
@@ -61,7 +68,12 @@ func TestGRPCurl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := NewGRPCServer(store, NewOptions(), slog.New(slog.DiscardHandler))
+	events := fixedEvents{&pb.ListEventsResponse{Events: []*pb.Event{{
+		Kind: compute.KindService, Namespace: "default", Name: "broken", Service: "default/broken",
+		Reason: compute.ReasonInvalidService, Message: `clusterIPs: ParseAddr("10.96.0.300"): IPv4 field has value >255`,
+		Count: 3, FirstSeen: timestamppb.New(time.Unix(1700000000, 0)), LastSeen: timestamppb.New(time.Unix(1700000300, 0)),
+	}}}}
+	gs := NewGRPCServer(store, events, NewOptions(), slog.New(slog.DiscardHandler))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	addr := lis.Addr().String()
@@ -83,9 +95,11 @@ func TestGRPCurl(t *testing.T) {
 	}{
 		{"list", []string{addr, "list"}, []string{"proxyplane.v1.TableService", "grpc.health.v1.Health"}},
 		{"describe", []string{addr, "describe", "proxyplane.v1.TableService"},
-			[]string{"rpc Sync ( stream .proxyplane.v1.SyncRequest )", "rpc WatchTable", "rpc ListNodes"}},
+			[]string{"rpc Sync ( stream .proxyplane.v1.SyncRequest )", "rpc WatchTable", "rpc ListNodes", "rpc ListEvents"}},
 		{"health", []string{addr, "grpc.health.v1.Health/Check"}, []string{`"status": "SERVING"`}},
 		{"list nodes", []string{addr, "proxyplane.v1.TableService/ListNodes"}, []string{`"nodeName": "node-1"`, `"known": true`}},
+		{"list events", []string{addr, "proxyplane.v1.TableService/ListEvents"},
+			[]string{`"kind": "Service"`, `"name": "broken"`, `"reason": "InvalidService"`, `"count": 3`, `"firstSeen": "2023-11-14T22:13:20Z"`}},
 		{"watch a table", []string{"-max-time", "2", "-d", `{"node_name": "node-1"}`, addr, "proxyplane.v1.TableService/WatchTable"},
 			[]string{`"key": "default/web"`, `"nodePort": 30080`, `"ip": "10.244.1.5"`}},
 	}

@@ -52,7 +52,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.Register(reg)
 
-	gs := NewGRPCServer(store, o, log.With("component", "server"))
+	gs := NewGRPCServer(store, watcher, o, log.With("component", "server"))
 	grpcLis, err := net.Listen("tcp", o.GRPCAddress)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.GRPCAddress, err)
@@ -92,10 +92,11 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	return g.Wait()
 }
 
-// NewGRPCServer builds the gRPC server: the TableService, the standard
-// health service (SERVING once the first world is published) and server
-// reflection, so that grpcurl can list, describe and stream.
-func NewGRPCServer(store *table.Store, o *Options, log *slog.Logger) *grpc.Server {
+// NewGRPCServer builds the gRPC server: the TableService (its ListEvents
+// reports what events supplies), the standard health service (SERVING
+// once the first world is published) and server reflection, so that
+// grpcurl can list, describe and stream.
+func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, log *slog.Logger) *grpc.Server {
 	opts := append(server.GRPCOptions(),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
@@ -109,6 +110,7 @@ func NewGRPCServer(store *table.Store, o *Options, log *slog.Logger) *grpc.Serve
 	server.New(store, server.Options{
 		KeepaliveInterval: o.KeepaliveInterval, KeepaliveTimeout: o.KeepaliveTimeout,
 		WriteTimeout: o.WriteTimeout, AckTimeout: o.AckTimeout,
+		Events: events,
 	}, log).Register(gs)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

@@ -24,9 +24,40 @@ const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
 // sessionAffinityConfig.clientIP.timeoutSeconds (3 hours).
 const defaultAffinityTimeout = 10800
 
-// ErrInvalidService reports a Service or EndpointSlice that cannot be
-// programmed. The caller keeps the Service's last good state.
+// ErrInvalidService reports a Service that cannot be programmed. Build
+// returns it for a Service that BuildReport would leave out.
 var ErrInvalidService = errors.New("invalid service")
+
+// Kinds of object a Problem names, as their Kubernetes kind.
+const (
+	KindService       = "Service"
+	KindEndpointSlice = "EndpointSlice"
+)
+
+// Reasons a Problem gives, in the style of Kubernetes Event reasons.
+const (
+	// ReasonInvalidService: a field of the Service cannot be used, so the
+	// whole Service is left out of every table.
+	ReasonInvalidService = "InvalidService"
+	// ReasonInvalidEndpoint: an endpoint or a port of an EndpointSlice
+	// cannot be used; that element is left out and the rest of the slice
+	// still counts.
+	ReasonInvalidEndpoint = "InvalidEndpoint"
+)
+
+// Problem is a part of a Service, or of one of its EndpointSlices, that
+// BuildReport left out. Problems are returned rather than logged so that
+// compute stays pure and the caller decides how often to tell anyone.
+type Problem struct {
+	// Kind is KindService or KindEndpointSlice.
+	Kind string
+	// Namespace and Name name the object at fault.
+	Namespace, Name string
+	// Reason is ReasonInvalidService or ReasonInvalidEndpoint.
+	Reason string
+	// Message says what is wrong, naming the field.
+	Message string
+}
 
 // SkipReason says why kube-proxy would not proxy svc, or "" when it would.
 // Skipped Services are absent from every table.
@@ -82,18 +113,50 @@ type servicePort struct {
 
 // Build computes the table views of svc from its EndpointSlices. svc must
 // not be skipped (see SkipReason). Invalid Service fields are an error
-// wrapping ErrInvalidService; an endpoint with an unusable address is left
-// out, as upstream does.
+// wrapping ErrInvalidService; invalid elements of the slices are left out
+// silently (BuildReport reports them).
 func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, error) {
-	base, err := frontend(svc)
+	s, _, err := build(svc, slices)
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalidService, Key(svc.Namespace, svc.Name), err)
+	}
+	return s, nil
+}
+
+// BuildReport is Build that also says what it left out; Build stays for
+// callers that only need the Service. When a field of svc is invalid it
+// returns a nil Service and one ReasonInvalidService Problem, and the
+// caller leaves the Service out of every table. Upstream drops some bad
+// values (an external IP, a source range) and proxies the rest; leaving the
+// whole Service out never lets it reach more clients than intended (see
+// docs/protocol.md). Otherwise it returns the Service and a
+// ReasonInvalidEndpoint Problem for each endpoint or slice port it skipped,
+// as upstream's EndpointSliceCache skips elements, not whole slices.
+// Problems come in a deterministic order: by slice name, then field.
+func BuildReport(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, []Problem) {
+	s, problems, err := build(svc, slices)
+	if err != nil {
+		return nil, []Problem{{
+			Kind: KindService, Namespace: svc.Namespace, Name: svc.Name,
+			Reason: ReasonInvalidService, Message: err.Error(),
+		}}
+	}
+	return s, problems
+}
+
+// build is Build and BuildReport; its error is frontend's, unwrapped, so
+// that each caller words it for its audience.
+func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, []Problem, error) {
+	base, err := frontend(svc)
+	if err != nil {
+		return nil, nil, err
 	}
 	externallyAccessible := len(base.ExternalIps) > 0 || len(base.LoadBalancerIps) > 0
 	externalLocal := base.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	internalLocal := base.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 
 	sorted := sortedSlices(slices, base.ClusterIps)
+	usable, problems := usableSlices(sorted)
 	ports := make([]servicePort, len(base.Ports))
 	for i, p := range base.Ports {
 		portExternal := externallyAccessible || p.NodePort != 0
@@ -101,7 +164,7 @@ func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, 
 			name:        p.Name,
 			usesCluster: !internalLocal || portExternal,
 			usesLocal:   internalLocal || (externalLocal && portExternal),
-			endpoints:   portEndpoints(sorted, p.Name, svc.Spec.Ports[i].Protocol),
+			endpoints:   portEndpoints(usable, p.Name, svc.Spec.Ports[i].Protocol),
 		}
 		sp.classify()
 		p.HasEndpoints = sp.hasEndpointsAnywhere
@@ -115,7 +178,7 @@ func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, 
 		ports:       ports,
 	}
 	s.index()
-	return s, nil
+	return s, problems, nil
 }
 
 // frontend validates svc and renders everything but its endpoints.
@@ -259,11 +322,108 @@ func sortedSlices(in []*discoveryv1.EndpointSlice, clusterIPs []string) []*disco
 	return out
 }
 
+// usableSlice is what Build uses of one EndpointSlice: the ports and
+// endpoints that passed usableSlices' checks.
+type usableSlice struct {
+	ports     []usablePort
+	endpoints []usableEndpoint
+}
+
+// usablePort is a slice port with a name, a known protocol (TCP when
+// unset, as the API server defaults it) and a port number in range.
+type usablePort struct {
+	name     string
+	protocol corev1.Protocol
+	port     int32
+}
+
+// usableEndpoint is a slice endpoint whose first address parsed, in the
+// slice's family.
+type usableEndpoint struct {
+	addr netip.Addr
+	e    *discoveryv1.Endpoint
+}
+
+// usableSlices checks each slice once and keeps what can be used. Like
+// upstream's EndpointSliceCache it skips elements, never whole slices: a
+// port without a name or number (upstream: "Ignoring invalid endpoint
+// port"), an endpoint without an address, or of the other family
+// (upstream: an IncorrectIPVersion event). It also skips what upstream
+// does not check but the API server's validation rejects, and what would
+// make the result ambiguous: addresses that do not parse, port numbers out
+// of range, unknown protocols and duplicate port names (every port sharing
+// the name, since none of them is more right than the others). Each skip is
+// a Problem naming the slice.
+func usableSlices(sorted []*discoveryv1.EndpointSlice) ([]usableSlice, []Problem) {
+	var problems []Problem
+	out := make([]usableSlice, len(sorted))
+	for i, s := range sorted {
+		report := func(format string, args ...any) {
+			problems = append(problems, Problem{
+				Kind: KindEndpointSlice, Namespace: s.Namespace, Name: s.Name,
+				Reason: ReasonInvalidEndpoint, Message: fmt.Sprintf(format, args...),
+			})
+		}
+		names := make(map[string]int, len(s.Ports))
+		for _, p := range s.Ports {
+			if p.Name != nil {
+				names[*p.Name]++
+			}
+		}
+		u := &out[i]
+		for j, p := range s.Ports {
+			proto := corev1.ProtocolTCP
+			if p.Protocol != nil && *p.Protocol != "" {
+				proto = *p.Protocol
+			}
+			switch {
+			case p.Name == nil:
+				report("ports[%d]: no name", j)
+			case names[*p.Name] > 1:
+				report("ports[%d]: duplicate port name %q", j, *p.Name)
+			case p.Port == nil:
+				report("ports[%d] %q: no port number", j, *p.Name)
+			case *p.Port < 1 || *p.Port > 65535:
+				report("ports[%d] %q: port %d out of range", j, *p.Name, *p.Port)
+			case !knownProtocol(proto):
+				report("ports[%d] %q: unknown protocol %q", j, *p.Name, proto)
+			default:
+				u.ports = append(u.ports, usablePort{name: *p.Name, protocol: proto, port: *p.Port})
+			}
+		}
+		v4 := s.AddressType == discoveryv1.AddressTypeIPv4
+		for j := range s.Endpoints {
+			e := &s.Endpoints[j]
+			if len(e.Addresses) == 0 {
+				report("endpoints[%d]: no address", j)
+				continue
+			}
+			// Only the first address counts, as upstream.
+			addr, err := netip.ParseAddr(e.Addresses[0])
+			addr = addr.Unmap()
+			switch {
+			case err != nil:
+				report("endpoints[%d]: address %q is not an IP address", j, e.Addresses[0])
+			case addr.Is4() != v4:
+				report("endpoints[%d]: address %q is not of the slice's address type %s", j, e.Addresses[0], s.AddressType)
+			default:
+				u.endpoints = append(u.endpoints, usableEndpoint{addr: addr, e: e})
+			}
+		}
+	}
+	return out, problems
+}
+
+func knownProtocol(p corev1.Protocol) bool {
+	_, ok := protocols[p]
+	return ok && p != ""
+}
+
 // portEndpoints merges the endpoints of the service port called name across
 // slices. Ports match by name and protocol, as upstream's ServicePortName.
 // An address seen twice keeps the later copy unless that one is terminating,
 // so a live endpoint beats a terminating duplicate.
-func portEndpoints(sorted []*discoveryv1.EndpointSlice, name string, protocol corev1.Protocol) []endpoint {
+func portEndpoints(usable []usableSlice, name string, protocol corev1.Protocol) []endpoint {
 	if protocol == "" {
 		protocol = corev1.ProtocolTCP
 	}
@@ -272,33 +432,21 @@ func portEndpoints(sorted []*discoveryv1.EndpointSlice, name string, protocol co
 		port int32
 	}
 	byAddr := map[ipPort]endpoint{}
-	for _, s := range sorted {
+	for _, s := range usable {
 		target := int32(0)
-		for _, p := range s.Ports {
-			pp := corev1.ProtocolTCP
-			if p.Protocol != nil {
-				pp = *p.Protocol
-			}
-			if p.Name != nil && *p.Name == name && pp == protocol && p.Port != nil {
-				target = *p.Port
+		for _, p := range s.ports {
+			if p.name == name && p.protocol == protocol {
+				target = p.port // unique: duplicate names were left out
 				break
 			}
 		}
-		if target < 1 || target > 65535 {
+		if target == 0 {
 			continue
 		}
-		for i := range s.Endpoints {
-			e := &s.Endpoints[i]
-			if len(e.Addresses) == 0 {
-				continue
-			}
-			addr, err := netip.ParseAddr(e.Addresses[0])
-			addr = addr.Unmap()
-			if err != nil || addr.Is4() != (s.AddressType == discoveryv1.AddressTypeIPv4) {
-				continue // garbage, or the wrong family for the slice
-			}
+		for _, u := range s.endpoints {
+			e := u.e
 			ep := endpoint{
-				addr:        addr,
+				addr:        u.addr,
 				port:        target,
 				ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
 				serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,

@@ -2,6 +2,7 @@ package compute
 
 import (
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -261,6 +262,198 @@ func TestBuildErrors(t *testing.T) {
 			}
 			if key := Key(tt.svc.Namespace, tt.svc.Name); tt.svc.Name != "" && tt.svc.Namespace != "" && !strings.Contains(err.Error(), key) {
 				t.Errorf("Build error %q does not name the Service %q", err, key)
+			}
+
+			// BuildReport skips the Service and reports why, once.
+			s, problems := BuildReport(tt.svc, []*discoveryv1.EndpointSlice{httpSlice("web-1", ep("10.0.0.1"))})
+			if s != nil {
+				t.Errorf("BuildReport returned a Service for an invalid one")
+			}
+			if len(problems) != 1 {
+				t.Fatalf("BuildReport problems = %+v, want one", problems)
+			}
+			p := problems[0]
+			if p.Kind != KindService || p.Namespace != tt.svc.Namespace || p.Name != tt.svc.Name || p.Reason != ReasonInvalidService {
+				t.Errorf("BuildReport problem = %+v, want an %s on Service %s/%s", p, ReasonInvalidService, tt.svc.Namespace, tt.svc.Name)
+			}
+			if !strings.Contains(p.Message, tt.wantErr) || strings.Contains(p.Message, ErrInvalidService.Error()) {
+				t.Errorf("BuildReport message %q: want the cause, mentioning %q, without the sentinel", p.Message, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestBuildReportSlices checks that an invalid element of an EndpointSlice
+// is left out and reported against its slice, while the rest of the slice,
+// and the other slices, still count.
+func TestBuildReportSlices(t *testing.T) {
+	v4, v6 := discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6
+	tcp := ptr(corev1.ProtocolTCP)
+	problem := func(slice, message string) Problem {
+		return Problem{Kind: KindEndpointSlice, Namespace: testNamespace, Name: slice, Reason: ReasonInvalidEndpoint, Message: message}
+	}
+	tests := []struct {
+		name   string
+		svc    *corev1.Service // newService() when nil
+		slices []*discoveryv1.EndpointSlice
+		want   []string  // the "http" endpoints kept, as ip:port
+		wantP  []Problem // Message is a substring of the one reported
+	}{
+		{
+			name:   "valid slices: no problems",
+			slices: []*discoveryv1.EndpointSlice{httpSlice("web-a", ep("10.0.0.1")), httpSlice("web-b", ep("10.0.0.2"))},
+			want:   []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+		},
+		{
+			name:   "address that does not parse",
+			slices: []*discoveryv1.EndpointSlice{httpSlice("web-a", ep("10.0.0.1"), ep("10.0.0.300"))},
+			want:   []string{"10.0.0.1:8080"},
+			wantP:  []Problem{problem("web-a", `endpoints[1]: address "10.0.0.300" is not an IP address`)},
+		},
+		{
+			name:   "IPv6 address in an IPv4 slice",
+			slices: []*discoveryv1.EndpointSlice{httpSlice("web-a", ep("fd00::1"), ep("10.0.0.1"))},
+			want:   []string{"10.0.0.1:8080"},
+			wantP:  []Problem{problem("web-a", `endpoints[0]: address "fd00::1" is not of the slice's address type IPv4`)},
+		},
+		{
+			name:   "IPv4 address in an IPv6 slice",
+			svc:    newService(withClusterIPs("10.96.0.10", "fd00:96::10")),
+			slices: []*discoveryv1.EndpointSlice{newSlice("web-a", v6, httpPort(), ep("fd00::1"), ep("10.0.0.1"))},
+			want:   []string{"[fd00::1]:8080"},
+			wantP:  []Problem{problem("web-a", `endpoints[1]: address "10.0.0.1" is not of the slice's address type IPv6`)},
+		},
+		{
+			name:   "endpoint without an address",
+			slices: []*discoveryv1.EndpointSlice{httpSlice("web-a", discoveryv1.Endpoint{}, ep("10.0.0.1"))},
+			want:   []string{"10.0.0.1:8080"},
+			wantP:  []Problem{problem("web-a", "endpoints[0]: no address")},
+		},
+		{
+			name: "port 0",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{slicePort(ptr("http"), tcp, 0)}, ep("10.0.0.1")),
+				httpSlice("web-b", ep("10.0.0.2")),
+			},
+			want:  []string{"10.0.0.2:8080"},
+			wantP: []Problem{problem("web-a", `ports[0] "http": port 0 out of range`)},
+		},
+		{
+			name: "port above 65535",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{slicePort(ptr("http"), tcp, 65536)}, ep("10.0.0.1")),
+			},
+			wantP: []Problem{problem("web-a", `ports[0] "http": port 65536 out of range`)},
+		},
+		{
+			name: "port without a number",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{{Name: ptr("http"), Protocol: tcp}}, ep("10.0.0.1")),
+			},
+			wantP: []Problem{problem("web-a", `ports[0] "http": no port number`)},
+		},
+		{
+			name: "port without a name",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{slicePort(nil, tcp, 9090), httpPort()[0]}, ep("10.0.0.1")),
+			},
+			want:  []string{"10.0.0.1:8080"},
+			wantP: []Problem{problem("web-a", "ports[0]: no name")},
+		},
+		{
+			name: "unknown protocol",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{
+					slicePort(ptr("metrics"), ptr(corev1.Protocol("HTTP")), 9090), httpPort()[0],
+				}, ep("10.0.0.1")),
+			},
+			want:  []string{"10.0.0.1:8080"},
+			wantP: []Problem{problem("web-a", `ports[0] "metrics": unknown protocol "HTTP"`)},
+		},
+		{
+			// Which target port would be right is anybody's guess, so
+			// neither is used.
+			name: "duplicate slice port names",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{
+					slicePort(ptr("http"), tcp, 8080), slicePort(ptr("http"), tcp, 8081),
+				}, ep("10.0.0.1")),
+				httpSlice("web-b", ep("10.0.0.2")),
+			},
+			want: []string{"10.0.0.2:8080"},
+			wantP: []Problem{
+				problem("web-a", `ports[0]: duplicate port name "http"`),
+				problem("web-a", `ports[1]: duplicate port name "http"`),
+			},
+		},
+		{
+			// The API server rejects a repeated name whatever the protocol.
+			name: "duplicate slice port names with different protocols",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{
+					slicePort(ptr("http"), ptr(corev1.ProtocolUDP), 8081), slicePort(ptr("http"), tcp, 8080),
+				}, ep("10.0.0.1")),
+			},
+			wantP: []Problem{
+				problem("web-a", `ports[0]: duplicate port name "http"`),
+				problem("web-a", `ports[1]: duplicate port name "http"`),
+			},
+		},
+		{
+			name: "problems ordered by slice name, ports before endpoints",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-b", v4, []discoveryv1.EndpointPort{slicePort(ptr("x"), tcp, 0), httpPort()[0]}, ep("bad"), ep("10.0.0.2")),
+				httpSlice("web-a", ep("fd00::1"), ep("10.0.0.1")),
+			},
+			want: []string{"10.0.0.1:8080", "10.0.0.2:8080"},
+			wantP: []Problem{
+				problem("web-a", "endpoints[0]"),
+				problem("web-b", "ports[0]"),
+				problem("web-b", "endpoints[0]"),
+			},
+		},
+		{
+			// Upstream ignores these slices without a word; so do we.
+			name: "FQDN and other-family slices are not checked",
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", discoveryv1.AddressTypeFQDN, httpPort(), ep("backend.example.com")),
+				newSlice("web-b", v6, []discoveryv1.EndpointPort{slicePort(ptr("http"), tcp, 0)}, ep("10.0.0.1")),
+				httpSlice("web-c", ep("10.0.0.3")),
+			},
+			want: []string{"10.0.0.3:8080"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svc := tt.svc
+			if svc == nil {
+				svc = newService()
+			}
+			s, problems := BuildReport(svc, tt.slices)
+			if s == nil {
+				t.Fatalf("BuildReport skipped the Service: %+v", problems)
+			}
+			var got []string
+			for _, e := range viewFor(t, s, testNode("node-a", "")).GetClusterEndpoints() {
+				for _, ep := range e.GetEndpoints() {
+					got = append(got, netip.AddrPortFrom(netip.MustParseAddr(ep.GetIp()), uint16(ep.GetPort())).String())
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("endpoints = %v, want %v", got, tt.want)
+			}
+			if len(problems) != len(tt.wantP) {
+				t.Fatalf("problems = %+v, want %d: %+v", problems, len(tt.wantP), tt.wantP)
+			}
+			for i, p := range problems {
+				w := tt.wantP[i]
+				if p.Kind != w.Kind || p.Namespace != w.Namespace || p.Name != w.Name || p.Reason != w.Reason || !strings.Contains(p.Message, w.Message) {
+					t.Errorf("problem %d = %+v, want %+v", i, p, w)
+				}
+			}
+			// Build agrees with BuildReport on what it keeps.
+			if b := mustBuild(t, svc, tt.slices...); !b.Equal(s) {
+				t.Errorf("Build and BuildReport built different Services")
 			}
 		})
 	}
@@ -648,14 +841,15 @@ func TestBuildEndpoints(t *testing.T) {
 				[]discoveryv1.EndpointPort{slicePort(ptr("dns"), ptr(corev1.ProtocolTCP), 5353)}, ep("10.0.0.1"))},
 		},
 		{
+			// One slice cannot name a port twice (TestBuildReportSlices),
+			// but two slices can.
 			name: "same name, protocol picks the slice port",
 			svc:  newService(withPorts(svcPort("dns", corev1.ProtocolUDP, 53, 0))),
-			slices: []*discoveryv1.EndpointSlice{newSlice("web-a", v4,
-				[]discoveryv1.EndpointPort{
-					slicePort(ptr("dns"), ptr(corev1.ProtocolTCP), 5353),
-					slicePort(ptr("dns"), ptr(corev1.ProtocolUDP), 5354),
-				}, ep("10.0.0.1"))},
-			want:    []*pb.PortEndpoints{wantPort("dns", ready("10.0.0.1", 5354))},
+			slices: []*discoveryv1.EndpointSlice{
+				newSlice("web-a", v4, []discoveryv1.EndpointPort{slicePort(ptr("dns"), ptr(corev1.ProtocolTCP), 5353)}, ep("10.0.0.1")),
+				newSlice("web-b", v4, []discoveryv1.EndpointPort{slicePort(ptr("dns"), ptr(corev1.ProtocolUDP), 5354)}, ep("10.0.0.2")),
+			},
+			want:    []*pb.PortEndpoints{wantPort("dns", ready("10.0.0.2", 5354))},
 			wantHas: []bool{true},
 		},
 		{

@@ -53,11 +53,24 @@ var (
 		Help:    "Time to recompute a batch of changed Services and Nodes and publish it.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 	})
-	// ComputeErrorsTotal counts Services that failed to compute and kept
-	// their last good state.
+	// ComputeErrorsTotal counts failed Service computations: an invalid
+	// Service, left out of every table, or a cache read failure, which
+	// keeps the Service's last good state.
 	ComputeErrorsTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: namespace, Name: "compute_errors_total",
-		Help: "Services that could not be computed (invalid) and kept their last good state.",
+		Help: "Service computations that failed: invalid Services (left out of every table) and cache read failures (last good state kept).",
+	})
+	// InvalidObjects is the number of Services and EndpointSlices with a
+	// current problem: the entries ListEvents lists.
+	InvalidObjects = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "invalid_objects",
+		Help: "Services and EndpointSlices currently left out, wholly or in part, as invalid (the ListEvents entries).",
+	})
+	// EventsDroppedTotal counts events dropped to keep the ListEvents list
+	// bounded.
+	EventsDroppedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "events_dropped_total",
+		Help: "Events about invalid objects dropped because the list was full.",
 	})
 	// Services is the number of proxied Services in the current world.
 	Services = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -69,5 +82,6 @@ var (
 // Register registers every metric on r. Call it once per registry.
 func Register(r prometheus.Registerer) {
 	r.MustRegister(NodesConnected, VersionsPendingAck, NacksTotal, ResponsesTotal, SentBytesTotal,
-		LagResetsTotal, StreamsClosedTotal, ComputeDurationSeconds, ComputeErrorsTotal, Services)
+		LagResetsTotal, StreamsClosedTotal, ComputeDurationSeconds, ComputeErrorsTotal, Services,
+		InvalidObjects, EventsDroppedTotal)
 }

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"time"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // Options tune the server. Zero values are replaced by the defaults below.
@@ -22,6 +24,19 @@ type Options struct {
 	// nodeName; it reads credentials from ctx (metadata or TLS), never
 	// from messages. A non-nil error refuses the stream.
 	Authorize func(ctx context.Context, nodeName string) error
+	// Events, when set, supplies what ListEvents reports; without it
+	// ListEvents reports no events.
+	Events EventSource
+}
+
+// EventSource supplies the events about invalid Services and
+// EndpointSlices that ListEvents serves (watch.Watcher is one).
+type EventSource interface {
+	// Events returns the current events, sorted. It is called from any
+	// goroutine, must not block, and returns a snapshot that its owner
+	// never modifies again, so the server sends it as is; callers must not
+	// modify it either.
+	Events() *pb.ListEventsResponse
 }
 
 // Defaults.

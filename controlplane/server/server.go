@@ -58,6 +58,19 @@ func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.Lis
 	return &pb.ListNodesResponse{Nodes: s.reg.list(w.Known, w.NodeNames())}, nil
 }
 
+// ListEvents implements TableService. Like ListNodes it waits for the
+// first world: before the informers sync, no Service has been checked, and
+// an empty list would wrongly say that all are valid.
+func (s *Server) ListEvents(ctx context.Context, _ *pb.ListEventsRequest) (*pb.ListEventsResponse, error) {
+	if _, err := s.world(ctx); err != nil {
+		return nil, err
+	}
+	if s.opts.Events == nil {
+		return &pb.ListEventsResponse{}, nil
+	}
+	return s.opts.Events.Events(), nil
+}
+
 // world waits for the store's first world: no table is served before the
 // informers have synced.
 func (s *Server) world(ctx context.Context) (*table.World, error) {

@@ -5,6 +5,12 @@
 // (Run's) recomputes those from the informer caches and publishes them, so
 // a burst of events on one Service costs one computation, and a change to
 // one Service or EndpointSlice recomputes that Service only.
+//
+// An invalid Service is left out of every table, and an invalid endpoint
+// or port of an EndpointSlice is left out of its Service; the rest of the
+// table is unaffected. The same goroutine keeps one event per such object,
+// logs each distinct problem once and publishes the events for ListEvents
+// (see Events).
 package watch
 
 import (
@@ -27,14 +33,16 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/metrics"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 const byService = "service"
 
 // Watcher keeps a table.Store in step with the API server.
 type Watcher struct {
-	store *table.Store
-	log   *slog.Logger
+	store  *table.Store
+	log    *slog.Logger
+	events *eventLog // Run's goroutine's; others call Events
 
 	factory, nodeFactory informers.SharedInformerFactory
 	services, slices     cache.SharedIndexInformer
@@ -56,7 +64,7 @@ type Watcher struct {
 // disables it; the store ignores resyncs that change nothing anyway).
 func New(client kubernetes.Interface, store *table.Store, resync time.Duration, log *slog.Logger) (*Watcher, error) {
 	w := &Watcher{
-		store: store, log: log,
+		store: store, log: log, events: newEventLog(maxEvents),
 		dirtySvcs: map[string]bool{}, dirtyNodes: map[string]bool{},
 		wake: make(chan struct{}, 1),
 	}
@@ -170,6 +178,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 }
 
+// Events returns the current events about invalid Services and
+// EndpointSlices, sorted, as ListEvents serves them. It is safe to call
+// from any goroutine and never blocks: it reads the snapshot that Run's
+// goroutine last published. The response is shared; do not modify it.
+func (w *Watcher) Events() *pb.ListEventsResponse { return w.events.snapshot() }
+
 // publish recomputes everything marked dirty and publishes it.
 func (w *Watcher) publish() {
 	w.mu.Lock()
@@ -180,14 +194,19 @@ func (w *Watcher) publish() {
 	start := time.Now()
 	services := make(map[string]*compute.Service, len(svcKeys))
 	for key := range svcKeys {
-		svc, err := w.service(key)
+		svc, problems, err := w.service(key)
 		if err != nil {
-			// Keep the last good state: leave the key out of the publish.
+			// The cache failed us, not the Service: keep its last good
+			// state by leaving the key out of the publish.
 			metrics.ComputeErrorsTotal.Inc()
 			w.log.Error("service not updated, keeping its last good state", "service", key, "err", err)
 			continue
 		}
-		services[key] = svc
+		if svc == nil && len(problems) > 0 {
+			metrics.ComputeErrorsTotal.Inc()
+		}
+		w.report(key, problems, start)
+		services[key] = svc // nil removes a Service gone, skipped or invalid
 	}
 	nodes := make(map[string]*compute.Node, len(nodeNames))
 	for name := range nodeNames {
@@ -202,6 +221,7 @@ func (w *Watcher) publish() {
 		}
 	}
 	ns, nn := w.store.Publish(services, nodes)
+	w.events.publish()
 	metrics.ComputeDurationSeconds.Observe(time.Since(start).Seconds())
 	metrics.Services.Set(float64(w.store.Current().Len()))
 	if ns+nn > 0 {
@@ -209,30 +229,51 @@ func (w *Watcher) publish() {
 	}
 }
 
-// service computes the Service under key from the caches; nil means the
-// Service is gone or skipped.
-func (w *Watcher) service(key string) (*compute.Service, error) {
+// report records the problems found computing the Service under key and
+// logs those that are new or different, and those that went away: once
+// each, however often a resync recomputes the Service.
+func (w *Watcher) report(key string, problems []compute.Problem, now time.Time) {
+	for _, c := range w.events.record(key, problems, now) {
+		object := c.ref.namespace + "/" + c.ref.name
+		switch {
+		case c.cleared:
+			w.log.Info("problem resolved", "service", key, "kind", c.ref.kind, "object", object)
+		case c.ev.reason == compute.ReasonInvalidService:
+			w.log.Error("service left out of every table", "service", key, "reason", c.ev.reason, "err", c.ev.message)
+		default:
+			w.log.Warn("endpoint slice elements left out", "service", key, "kind", c.ref.kind, "object", object,
+				"reason", c.ev.reason, "err", c.ev.message)
+		}
+	}
+}
+
+// service computes the Service under key from the caches, with the
+// problems found in it and its slices. A nil Service means it is gone,
+// skipped or invalid (problems then say why); an error means the caches
+// could not be read.
+func (w *Watcher) service(key string) (*compute.Service, []compute.Problem, error) {
 	obj, exists, err := w.services.GetStore().GetByKey(key)
 	if err != nil {
-		return nil, fmt.Errorf("reading service from cache: %w", err)
+		return nil, nil, fmt.Errorf("reading service from cache: %w", err)
 	}
 	if !exists {
-		return nil, nil
+		return nil, nil, nil
 	}
 	svc := obj.(*corev1.Service)
 	if reason := compute.SkipReason(svc); reason != "" {
 		w.log.Debug("skipping service", "service", key, "reason", reason)
-		return nil, nil
+		return nil, nil, nil
 	}
 	objs, err := w.slices.GetIndexer().ByIndex(byService, key)
 	if err != nil {
-		return nil, fmt.Errorf("reading slices from cache: %w", err)
+		return nil, nil, fmt.Errorf("reading slices from cache: %w", err)
 	}
 	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
 	for _, o := range objs {
 		slices = append(slices, o.(*discoveryv1.EndpointSlice))
 	}
-	return compute.Build(svc, slices)
+	s, problems := compute.BuildReport(svc, slices)
+	return s, problems, nil
 }
 
 // sliceService indexes a slice by its Service's key.

@@ -3,18 +3,27 @@ package watch
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/metrics"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 func svc(name, clusterIP string, labels map[string]string) *corev1.Service {
@@ -64,18 +73,11 @@ func endpointsOf(w *table.World, key string) int {
 	return s.EntryFor(n).Size()
 }
 
-func TestWatcher(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	client := fake.NewClientset(
-		svc("web", "10.96.0.10", nil),
-		slice("web-1", "web", "10.244.0.5"),
-		// Handled by another proxy, and headless: the informers' label
-		// selector and compute.SkipReason keep both out of every table.
-		svc("other", "10.96.0.11", map[string]string{compute.LabelServiceProxyName: "foo"}),
-		svc("headless", corev1.ClusterIPNone, nil),
-		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{corev1.LabelTopologyZone: "z1"}}},
-	)
+// start runs a Watcher on a fake clientset holding objs, logging to log,
+// and waits for the first world and for all three watches.
+func start(ctx context.Context, t *testing.T, log *slog.Logger, objs ...runtime.Object) (*fake.Clientset, *table.Store, *Watcher, <-chan error) {
+	t.Helper()
+	client := fake.NewClientset(objs...)
 	// The fake clientset drops events made before a watch is established
 	// (it has no resource versions), so wait for all three watches.
 	watching := make(chan struct{}, 3)
@@ -90,7 +92,7 @@ func TestWatcher(t *testing.T) {
 		return true, w, nil
 	})
 	store := table.NewStore(100)
-	w, err := New(client, store, 0, slog.New(slog.DiscardHandler))
+	w, err := New(client, store, 0, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +111,21 @@ func TestWatcher(t *testing.T) {
 			t.Fatal("informers never started watching")
 		}
 	}
+	return client, store, w, done
+}
+
+func TestWatcher(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	client, store, _, done := start(ctx, t, slog.New(slog.DiscardHandler),
+		svc("web", "10.96.0.10", nil),
+		slice("web-1", "web", "10.244.0.5"),
+		// Handled by another proxy, and headless: the informers' label
+		// selector and compute.SkipReason keep both out of every table.
+		svc("other", "10.96.0.11", map[string]string{compute.LabelServiceProxyName: "foo"}),
+		svc("headless", corev1.ClusterIPNone, nil),
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{corev1.LabelTopologyZone: "z1"}}},
+	)
 	world := store.Current()
 	if world.Len() != 1 || world.Service("default/web") == nil {
 		t.Fatalf("first world has %d services (%v); want only default/web", world.Len(), world.Keys())
@@ -124,22 +141,6 @@ func TestWatcher(t *testing.T) {
 	}
 	waitWorld(t, store, "the second endpoint", func(w *table.World) bool { return endpointsOf(w, "default/web") > before })
 
-	// An invalid update keeps the last good state; a valid one replaces it.
-	good := store.Current().Service("default/web")
-	bad := svc("web", "10.96.0.10", nil)
-	bad.Spec.Ports[0].Protocol = "BOGUS"
-	if _, err := client.CoreV1().Services("default").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// A later valid change to another Service proves the bad one was seen.
-	if _, err := client.CoreV1().Services("default").Create(ctx, svc("api", "10.96.0.12", nil), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitWorld(t, store, "default/api", func(w *table.World) bool { return w.Service("default/api") != nil })
-	if got := store.Current().Service("default/web"); got != good {
-		t.Errorf("an invalid update replaced the last good state")
-	}
-
 	// Deleting a Service removes it; deleting a Node forgets it.
 	if err := client.CoreV1().Services("default").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -150,6 +151,178 @@ func TestWatcher(t *testing.T) {
 	waitWorld(t, store, "web and node-1 gone", func(w *table.World) bool {
 		return w.Service("default/web") == nil && !w.Known("node-1")
 	})
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// endpointIPs decodes the Service under key as node-1 sees it and lists
+// its endpoint addresses.
+func endpointIPs(t *testing.T, w *table.World, key string) []string {
+	t.Helper()
+	e := w.Service(key).EntryFor(compute.BuildNode("node-1", nil))
+	var s pb.Service
+	if err := proto.Unmarshal(slices.Concat(e.Shared.Bytes, e.Local.Bytes), &s); err != nil {
+		t.Fatalf("decoding %s: %v", key, err)
+	}
+	var ips []string
+	for _, pe := range s.GetClusterEndpoints() {
+		for _, ep := range pe.GetEndpoints() {
+			ips = append(ips, ep.GetIp())
+		}
+	}
+	return ips
+}
+
+// waitEvents waits until the watcher's events satisfy cond.
+func waitEvents(t *testing.T, w *Watcher, what string, cond func([]*pb.Event) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond(w.Events().GetEvents()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; events: %v", what, w.Events().GetEvents())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// eventsAre reports whether events name exactly these objects, in order,
+// each as "Kind namespace/name reason".
+func eventsAre(events []*pb.Event, want ...string) bool {
+	got := make([]string, 0, len(events))
+	for _, e := range events {
+		got = append(got, e.GetKind()+" "+e.GetNamespace()+"/"+e.GetName()+" "+e.GetReason())
+	}
+	return slices.Equal(got, want)
+}
+
+// logRecorder is a slog.Handler that keeps every record.
+type logRecorder struct {
+	mu      sync.Mutex // guards records
+	records []slog.Record
+}
+
+func (r *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+
+func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.records = append(r.records, rec.Clone())
+	return nil
+}
+
+func (r *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *logRecorder) WithGroup(string) slog.Handler      { return r }
+
+// count counts the records at level with message msg whose attribute key
+// has value v.
+func (r *logRecorder) count(level slog.Level, msg, key, v string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, rec := range r.records {
+		if rec.Level != level || rec.Message != msg {
+			continue
+		}
+		rec.Attrs(func(a slog.Attr) bool {
+			if a.Key == key && a.Value.String() == v {
+				n++
+				return false
+			}
+			return true
+		})
+	}
+	return n
+}
+
+// gaugeValue reads g through a registry of its own.
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(g)
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gathering %v: %d families, %v", g.Desc(), len(mfs), err)
+	}
+	return mfs[0].GetMetric()[0].GetGauge().GetValue()
+}
+
+// TestWatcherInvalidObjects checks that an invalid Service is left out and
+// an invalid slice endpoint dropped, each listed as an event and logged
+// once, that the valid Service next to them is untouched, and that the
+// events clear when the objects are fixed or deleted.
+func TestWatcherInvalidObjects(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bad := func(labels map[string]string) *corev1.Service {
+		s := svc("bad", "10.96.0.13", labels)
+		s.Spec.Ports[0].Protocol = "BOGUS"
+		return s
+	}
+	logs := &logRecorder{}
+	client, store, w, done := start(ctx, t, slog.New(logs),
+		svc("web", "10.96.0.10", nil), slice("web-1", "web", "10.244.0.5"),
+		bad(nil), slice("bad-1", "bad", "10.244.0.6"),
+		svc("api", "10.96.0.12", nil), slice("api-1", "api", "10.244.0.7", "10.244.0.300"),
+	)
+	world := store.Current()
+	web := world.Service("default/web")
+	if web == nil || world.Service("default/api") == nil || world.Service("default/bad") != nil {
+		t.Fatalf("first world has %v; want default/api and default/web, without default/bad", world.Keys())
+	}
+	if got := endpointIPs(t, world, "default/api"); !slices.Equal(got, []string{"10.244.0.7"}) {
+		t.Errorf("default/api endpoints = %v, want the good one only", got)
+	}
+	waitEvents(t, w, "both problems listed", func(ev []*pb.Event) bool {
+		return eventsAre(ev, "EndpointSlice default/api-1 InvalidEndpoint", "Service default/bad InvalidService")
+	})
+	if e := w.Events().GetEvents()[0]; e.GetService() != "default/api" || !strings.Contains(e.GetMessage(), `"10.244.0.300"`) || e.GetCount() != 1 {
+		t.Errorf("slice event = %v; want one sighting of 10.244.0.300 for default/api", e)
+	}
+	if got := gaugeValue(t, metrics.InvalidObjects); got != 2 {
+		t.Errorf("invalid_objects = %v, want 2", got)
+	}
+
+	// Recomputing the bad Service finds the same problem again: it counts,
+	// and logs nothing more.
+	if _, err := client.CoreV1().Services("default").Update(ctx, bad(map[string]string{"touched": "yes"}), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvents(t, w, "the bad Service seen twice", func(ev []*pb.Event) bool {
+		return len(ev) == 2 && ev[1].GetCount() == 2
+	})
+	if n := logs.count(slog.LevelError, "service left out of every table", "service", "default/bad"); n != 1 {
+		t.Errorf("the bad Service was logged %d times, want once", n)
+	}
+	if n := logs.count(slog.LevelWarn, "endpoint slice elements left out", "object", "default/api-1"); n != 1 {
+		t.Errorf("the bad slice was logged %d times, want once", n)
+	}
+
+	// Fixing the Service publishes it and clears its event.
+	if _, err := client.CoreV1().Services("default").Update(ctx, svc("bad", "10.96.0.13", nil), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitWorld(t, store, "default/bad published", func(w *table.World) bool { return w.Service("default/bad") != nil })
+	waitEvents(t, w, "the Service's event cleared", func(ev []*pb.Event) bool {
+		return eventsAre(ev, "EndpointSlice default/api-1 InvalidEndpoint")
+	})
+
+	// Deleting the bad slice clears its event too.
+	if err := client.DiscoveryV1().EndpointSlices("default").Delete(ctx, "api-1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitEvents(t, w, "no events", func(ev []*pb.Event) bool { return len(ev) == 0 })
+	if got := gaugeValue(t, metrics.InvalidObjects); got != 0 {
+		t.Errorf("invalid_objects = %v, want 0", got)
+	}
+	if n := logs.count(slog.LevelInfo, "problem resolved", "object", "default/api-1"); n != 1 {
+		t.Errorf("the slice's recovery was logged %d times, want once", n)
+	}
+	if store.Current().Service("default/web") != web {
+		t.Errorf("the valid Service was recomputed by its neighbours' problems")
+	}
 
 	cancel()
 	if err := <-done; err != nil {

@@ -1157,6 +1157,224 @@ func (x *NodeStatus) GetBytesSent() uint64 {
 	return 0
 }
 
+// ListEventsRequest is empty.
+type ListEventsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsRequest) Reset() {
+	*x = ListEventsRequest{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsRequest) ProtoMessage() {}
+
+func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
+func (*ListEventsRequest) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{15}
+}
+
+// ListEventsResponse lists every object with a current problem.
+type ListEventsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sorted by namespace, name and kind. At most 1,000: when more objects
+	// are invalid, the events seen least recently are dropped.
+	Events []*Event `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Events dropped to keep the list bounded since this replica started.
+	Dropped       uint64 `protobuf:"varint,2,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEventsResponse) Reset() {
+	*x = ListEventsResponse{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEventsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEventsResponse) ProtoMessage() {}
+
+func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
+func (*ListEventsResponse) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListEventsResponse) GetEvents() []*Event {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListEventsResponse) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+// Event is why one object is, wholly or in part, left out of the tables.
+type Event struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Kind of the object: "Service" or "EndpointSlice".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// Namespace of the object.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// Name of the object.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// Key ("namespace/name") of the Service whose entry it affects; for an
+	// EndpointSlice, the Service its kubernetes.io/service-name label names.
+	Service string `protobuf:"bytes,4,opt,name=service,proto3" json:"service,omitempty"`
+	// "InvalidService": the Service is absent from every table.
+	// "InvalidEndpoint": some endpoints or ports of the EndpointSlice are
+	// left out; the rest of it is used.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// What is wrong, naming the fields; when the object has several
+	// problems, the first few and how many more.
+	Message string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	// How many times this reason and message were found: each time the
+	// Service is recomputed (on a change or an informer resync) and still has
+	// the problem.
+	Count uint32 `protobuf:"varint,7,opt,name=count,proto3" json:"count,omitempty"`
+	// When this reason and message were first found. A different message
+	// starts a new count.
+	FirstSeen *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=first_seen,json=firstSeen,proto3" json:"first_seen,omitempty"`
+	// When they were last found.
+	LastSeen      *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Event) Reset() {
+	*x = Event{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Event) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Event) ProtoMessage() {}
+
+func (x *Event) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Event.ProtoReflect.Descriptor instead.
+func (*Event) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Event) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Event) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Event) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Event) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *Event) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Event) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *Event) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *Event) GetFirstSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstSeen
+	}
+	return nil
+}
+
+func (x *Event) GetLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeen
+	}
+	return nil
+}
+
 var File_proxyplane_v1_sync_proto protoreflect.FileDescriptor
 
 const file_proxyplane_v1_sync_proto_rawDesc = "" +
@@ -1238,12 +1456,29 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\n" +
 	"nack_error\x18\f \x01(\tR\tnackError\x12\x1d\n" +
 	"\n" +
-	"bytes_sent\x18\r \x01(\x04R\tbytesSent2\xf8\x01\n" +
+	"bytes_sent\x18\r \x01(\x04R\tbytesSent\"\x13\n" +
+	"\x11ListEventsRequest\"\\\n" +
+	"\x12ListEventsResponse\x12,\n" +
+	"\x06events\x18\x01 \x03(\v2\x14.proxyplane.v1.EventR\x06events\x12\x18\n" +
+	"\adropped\x18\x02 \x01(\x04R\adropped\"\xa3\x02\n" +
+	"\x05Event\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
+	"\aservice\x18\x04 \x01(\tR\aservice\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\x12\x14\n" +
+	"\x05count\x18\a \x01(\rR\x05count\x129\n" +
+	"\n" +
+	"first_seen\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tfirstSeen\x127\n" +
+	"\tlast_seen\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen2\xcb\x02\n" +
 	"\fTableService\x12C\n" +
 	"\x04Sync\x12\x1a.proxyplane.v1.SyncRequest\x1a\x1b.proxyplane.v1.SyncResponse(\x010\x01\x12S\n" +
 	"\n" +
 	"WatchTable\x12 .proxyplane.v1.WatchTableRequest\x1a!.proxyplane.v1.WatchTableResponse0\x01\x12N\n" +
-	"\tListNodes\x12\x1f.proxyplane.v1.ListNodesRequest\x1a .proxyplane.v1.ListNodesResponseBAZ?github.com/proxyplane/proxyplane/gen/proxyplane/v1;proxyplanev1b\x06proto3"
+	"\tListNodes\x12\x1f.proxyplane.v1.ListNodesRequest\x1a .proxyplane.v1.ListNodesResponse\x12Q\n" +
+	"\n" +
+	"ListEvents\x12 .proxyplane.v1.ListEventsRequest\x1a!.proxyplane.v1.ListEventsResponseBAZ?github.com/proxyplane/proxyplane/gen/proxyplane/v1;proxyplanev1b\x06proto3"
 
 var (
 	file_proxyplane_v1_sync_proto_rawDescOnce sync.Once
@@ -1257,7 +1492,7 @@ func file_proxyplane_v1_sync_proto_rawDescGZIP() []byte {
 	return file_proxyplane_v1_sync_proto_rawDescData
 }
 
-var file_proxyplane_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_proxyplane_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_proxyplane_v1_sync_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: proxyplane.v1.SyncRequest
 	(*Hello)(nil),                 // 1: proxyplane.v1.Hello
@@ -1274,10 +1509,13 @@ var file_proxyplane_v1_sync_proto_goTypes = []any{
 	(*ListNodesRequest)(nil),      // 12: proxyplane.v1.ListNodesRequest
 	(*ListNodesResponse)(nil),     // 13: proxyplane.v1.ListNodesResponse
 	(*NodeStatus)(nil),            // 14: proxyplane.v1.NodeStatus
-	nil,                           // 15: proxyplane.v1.Hello.EntryHashesEntry
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*NodeInfo)(nil),              // 17: proxyplane.v1.NodeInfo
-	(*ServiceEntry)(nil),          // 18: proxyplane.v1.ServiceEntry
+	(*ListEventsRequest)(nil),     // 15: proxyplane.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 16: proxyplane.v1.ListEventsResponse
+	(*Event)(nil),                 // 17: proxyplane.v1.Event
+	nil,                           // 18: proxyplane.v1.Hello.EntryHashesEntry
+	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
+	(*NodeInfo)(nil),              // 20: proxyplane.v1.NodeInfo
+	(*ServiceEntry)(nil),          // 21: proxyplane.v1.ServiceEntry
 }
 var file_proxyplane_v1_sync_proto_depIdxs = []int32{
 	1,  // 0: proxyplane.v1.SyncRequest.hello:type_name -> proxyplane.v1.Hello
@@ -1285,33 +1523,38 @@ var file_proxyplane_v1_sync_proto_depIdxs = []int32{
 	4,  // 2: proxyplane.v1.SyncRequest.nack:type_name -> proxyplane.v1.Nack
 	6,  // 3: proxyplane.v1.SyncRequest.keepalive:type_name -> proxyplane.v1.Keepalive
 	2,  // 4: proxyplane.v1.Hello.capabilities:type_name -> proxyplane.v1.Capabilities
-	15, // 5: proxyplane.v1.Hello.entry_hashes:type_name -> proxyplane.v1.Hello.EntryHashesEntry
+	18, // 5: proxyplane.v1.Hello.entry_hashes:type_name -> proxyplane.v1.Hello.EntryHashesEntry
 	5,  // 6: proxyplane.v1.Nack.entry_errors:type_name -> proxyplane.v1.EntryError
-	16, // 7: proxyplane.v1.Keepalive.sent_at:type_name -> google.protobuf.Timestamp
+	19, // 7: proxyplane.v1.Keepalive.sent_at:type_name -> google.protobuf.Timestamp
 	8,  // 8: proxyplane.v1.SyncResponse.snapshot:type_name -> proxyplane.v1.Snapshot
 	9,  // 9: proxyplane.v1.SyncResponse.delta:type_name -> proxyplane.v1.Delta
 	6,  // 10: proxyplane.v1.SyncResponse.keepalive:type_name -> proxyplane.v1.Keepalive
-	17, // 11: proxyplane.v1.Snapshot.node:type_name -> proxyplane.v1.NodeInfo
-	18, // 12: proxyplane.v1.Snapshot.entries:type_name -> proxyplane.v1.ServiceEntry
-	17, // 13: proxyplane.v1.Delta.node:type_name -> proxyplane.v1.NodeInfo
-	18, // 14: proxyplane.v1.Delta.upserts:type_name -> proxyplane.v1.ServiceEntry
+	20, // 11: proxyplane.v1.Snapshot.node:type_name -> proxyplane.v1.NodeInfo
+	21, // 12: proxyplane.v1.Snapshot.entries:type_name -> proxyplane.v1.ServiceEntry
+	20, // 13: proxyplane.v1.Delta.node:type_name -> proxyplane.v1.NodeInfo
+	21, // 14: proxyplane.v1.Delta.upserts:type_name -> proxyplane.v1.ServiceEntry
 	8,  // 15: proxyplane.v1.WatchTableResponse.snapshot:type_name -> proxyplane.v1.Snapshot
 	9,  // 16: proxyplane.v1.WatchTableResponse.delta:type_name -> proxyplane.v1.Delta
 	14, // 17: proxyplane.v1.ListNodesResponse.nodes:type_name -> proxyplane.v1.NodeStatus
 	2,  // 18: proxyplane.v1.NodeStatus.capabilities:type_name -> proxyplane.v1.Capabilities
-	16, // 19: proxyplane.v1.NodeStatus.connected_at:type_name -> google.protobuf.Timestamp
-	16, // 20: proxyplane.v1.NodeStatus.acked_at:type_name -> google.protobuf.Timestamp
-	0,  // 21: proxyplane.v1.TableService.Sync:input_type -> proxyplane.v1.SyncRequest
-	10, // 22: proxyplane.v1.TableService.WatchTable:input_type -> proxyplane.v1.WatchTableRequest
-	12, // 23: proxyplane.v1.TableService.ListNodes:input_type -> proxyplane.v1.ListNodesRequest
-	7,  // 24: proxyplane.v1.TableService.Sync:output_type -> proxyplane.v1.SyncResponse
-	11, // 25: proxyplane.v1.TableService.WatchTable:output_type -> proxyplane.v1.WatchTableResponse
-	13, // 26: proxyplane.v1.TableService.ListNodes:output_type -> proxyplane.v1.ListNodesResponse
-	24, // [24:27] is the sub-list for method output_type
-	21, // [21:24] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	19, // 19: proxyplane.v1.NodeStatus.connected_at:type_name -> google.protobuf.Timestamp
+	19, // 20: proxyplane.v1.NodeStatus.acked_at:type_name -> google.protobuf.Timestamp
+	17, // 21: proxyplane.v1.ListEventsResponse.events:type_name -> proxyplane.v1.Event
+	19, // 22: proxyplane.v1.Event.first_seen:type_name -> google.protobuf.Timestamp
+	19, // 23: proxyplane.v1.Event.last_seen:type_name -> google.protobuf.Timestamp
+	0,  // 24: proxyplane.v1.TableService.Sync:input_type -> proxyplane.v1.SyncRequest
+	10, // 25: proxyplane.v1.TableService.WatchTable:input_type -> proxyplane.v1.WatchTableRequest
+	12, // 26: proxyplane.v1.TableService.ListNodes:input_type -> proxyplane.v1.ListNodesRequest
+	15, // 27: proxyplane.v1.TableService.ListEvents:input_type -> proxyplane.v1.ListEventsRequest
+	7,  // 28: proxyplane.v1.TableService.Sync:output_type -> proxyplane.v1.SyncResponse
+	11, // 29: proxyplane.v1.TableService.WatchTable:output_type -> proxyplane.v1.WatchTableResponse
+	13, // 30: proxyplane.v1.TableService.ListNodes:output_type -> proxyplane.v1.ListNodesResponse
+	16, // 31: proxyplane.v1.TableService.ListEvents:output_type -> proxyplane.v1.ListEventsResponse
+	28, // [28:32] is the sub-list for method output_type
+	24, // [24:28] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_proxyplane_v1_sync_proto_init() }
@@ -1341,7 +1584,7 @@ func file_proxyplane_v1_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proxyplane_v1_sync_proto_rawDesc), len(file_proxyplane_v1_sync_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	TableService_Sync_FullMethodName       = "/proxyplane.v1.TableService/Sync"
 	TableService_WatchTable_FullMethodName = "/proxyplane.v1.TableService/WatchTable"
 	TableService_ListNodes_FullMethodName  = "/proxyplane.v1.TableService/ListNodes"
+	TableService_ListEvents_FullMethodName = "/proxyplane.v1.TableService/ListEvents"
 )
 
 // TableServiceClient is the client API for TableService service.
@@ -50,6 +51,11 @@ type TableServiceClient interface {
 	// ListNodes reports, for every known node, whether an agent is connected
 	// to this replica and which versions it was sent and has acknowledged.
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// ListEvents reports the Services and EndpointSlices that this replica
+	// left out of every table, wholly or in part, because they are invalid:
+	// one Event per object, like a Kubernetes Event. An Event disappears once
+	// its object is valid again or deleted.
+	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
 }
 
 type tableServiceClient struct {
@@ -102,6 +108,16 @@ func (c *tableServiceClient) ListNodes(ctx context.Context, in *ListNodesRequest
 	return out, nil
 }
 
+func (c *tableServiceClient) ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEventsResponse)
+	err := c.cc.Invoke(ctx, TableService_ListEvents_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TableServiceServer is the server API for TableService service.
 // All implementations must embed UnimplementedTableServiceServer
 // for forward compatibility.
@@ -128,6 +144,11 @@ type TableServiceServer interface {
 	// ListNodes reports, for every known node, whether an agent is connected
 	// to this replica and which versions it was sent and has acknowledged.
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// ListEvents reports the Services and EndpointSlices that this replica
+	// left out of every table, wholly or in part, because they are invalid:
+	// one Event per object, like a Kubernetes Event. An Event disappears once
+	// its object is valid again or deleted.
+	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
 	mustEmbedUnimplementedTableServiceServer()
 }
 
@@ -146,6 +167,9 @@ func (UnimplementedTableServiceServer) WatchTable(*WatchTableRequest, grpc.Serve
 }
 func (UnimplementedTableServiceServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedTableServiceServer) ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEvents not implemented")
 }
 func (UnimplementedTableServiceServer) mustEmbedUnimplementedTableServiceServer() {}
 func (UnimplementedTableServiceServer) testEmbeddedByValue()                      {}
@@ -204,6 +228,24 @@ func _TableService_ListNodes_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TableService_ListEvents_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEventsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TableServiceServer).ListEvents(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TableService_ListEvents_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TableServiceServer).ListEvents(ctx, req.(*ListEventsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TableService_ServiceDesc is the grpc.ServiceDesc for TableService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -214,6 +256,10 @@ var TableService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodes",
 			Handler:    _TableService_ListNodes_Handler,
+		},
+		{
+			MethodName: "ListEvents",
+			Handler:    _TableService_ListEvents_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
