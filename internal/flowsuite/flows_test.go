@@ -267,6 +267,21 @@ var flowCases = []flowCase{
 		},
 	},
 	{
+		name:    "a UDP flow moves to a live endpoint when its endpoint goes away",
+		objects: plain("stale-udp", []ep{ready(1)}),
+		check: func(r *run) {
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-1")
+			r.expectUDPFrom(r.pod(2), r.staleSourcePort(), r.service(), "pod-1")
+		},
+		update: plain("stale-udp", []ep{ready(3)}),
+		after: func(r *run) {
+			// The same source ports: without the cleanup, conntrack would
+			// keep sending these flows to pod-1.
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-3")
+			r.expectUDPFrom(r.pod(2), r.staleSourcePort(), r.service(), "pod-3")
+		},
+	},
+	{
 		name:    "masquerade: off-cluster clients and other nodes' NodePorts, never pod to pod",
 		objects: plain("masquerade", []ep{ready(2)}, nodePorts),
 		check: func(r *run) {
@@ -430,6 +445,24 @@ func (r *run) expectDropped(ns, addr string) {
 	r.Helper()
 	if reply, err := r.tp.DialTCP(ns, addr, dropTimeout); !nstest.IsTimeout(err) {
 		r.Errorf("from %s to %s: got %+v, %v, want dropped (timeout)", label(ns), addr, reply, err)
+	}
+}
+
+// staleSourcePort is the case's fixed UDP source port, outside the range
+// nstest's dials take theirs from.
+func (r *run) staleSourcePort() int { return 31000 + r.idx }
+
+// expectUDPFrom sends one datagram from ns and source port srcPort and
+// checks that backend answered.
+func (r *run) expectUDPFrom(ns string, srcPort int, addr, backend string) {
+	r.Helper()
+	reply, err := r.tp.DialUDPFrom(ns, srcPort, addr, dialTimeout)
+	if err != nil {
+		r.Errorf("from %s port %d to %s: %v", label(ns), srcPort, addr, err)
+		return
+	}
+	if reply.Backend != backend {
+		r.Errorf("from %s port %d to %s: reached %s, want %s", label(ns), srcPort, addr, reply.Backend, backend)
 	}
 }
 

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -21,6 +24,7 @@ import (
 	"github.com/proxyplane/proxyplane/internal/nstest"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
+	"github.com/proxyplane/proxyplane/nodeagent/conntrack"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -104,12 +108,20 @@ func newCluster(t *testing.T, kind dataplaneKind) *cluster {
 		t.Cleanup(func() { _ = store.Close() })
 		hc := healthcheck.New(healthcheck.Config{Listen: listenIn(tp, n.NS())}, log)
 		t.Cleanup(func() { _ = hc.Close() })
+		cleaners := conntrackIn(t, n.NS(), log)
 		a := agent.New(agent.Config{
 			SyncPeriod: time.Hour, RetryMin: time.Second, RetryMax: time.Minute,
 			AfterSync: []func(context.Context, *proxytable.Table){
 				func(_ context.Context, tb *proxytable.Table) {
 					if err := hc.Sync(tb); err != nil {
 						t.Errorf("%s: health check server: %v", n.Name(), err)
+					}
+				},
+				func(ctx context.Context, tb *proxytable.Table) {
+					for _, c := range cleaners {
+						if _, err := c.Clean(ctx, tb); err != nil {
+							t.Errorf("%s: conntrack cleanup: %v", n.Name(), err)
+						}
 					}
 				},
 			},
@@ -216,6 +228,26 @@ func listenIn(tp *nstest.Topology, ns string) func(network, addr string) (net.Li
 			return err
 		})
 		return l, err
+	}
+}
+
+// conntrackIn returns a stale-flow cleaner per family working on
+// namespace ns's conntrack table, as the agent of that node would.
+func conntrackIn(t *testing.T, ns string, log *slog.Logger) []*conntrack.Cleaner {
+	t.Helper()
+	nsh, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = nsh.Close() }()
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_NETFILTER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Close)
+	return []*conntrack.Cleaner{
+		conntrack.NewWithHandle(conntrack.IPv4, h, log),
+		conntrack.NewWithHandle(conntrack.IPv6, h, log),
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
+	"github.com/proxyplane/proxyplane/nodeagent/conntrack"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
@@ -34,7 +35,8 @@ var Version = "dev"
 
 // Run runs the node agent until ctx ends. o must be valid.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
-	dp, err := newDataplane(o, log)
+	families := nodeFamilies(log)
+	dp, err := newDataplane(o, families)
 	if err != nil {
 		return err
 	}
@@ -48,8 +50,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if cached != nil {
 		log.Info("loaded cached table", "version", cached.Version, "services", len(cached.Entries))
 	}
-	// The health check server answers for the table in force: the agent
-	// hands it each table after programming it.
+	// The health check server and the conntrack cleaners follow the table
+	// in force: the agent hands them each table after programming it.
 	var a *agent.Agent
 	nodePortAddresses, _ := parseCIDRs(o.NodePortAddresses) // Validate parsed them
 	hc := healthcheck.New(healthcheck.Config{
@@ -57,17 +59,13 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		Healthy:           func() bool { ok, _ := a.Health().Healthy(time.Now()); return ok },
 	}, log.With("component", "healthcheck"))
 	defer func() { _ = hc.Close() }()
+	var cleaners []*conntrack.Cleaner
+	for _, f := range families {
+		cleaners = append(cleaners, conntrack.New(conntrack.Family(f), log.With("component", "conntrack", "family", f)))
+	}
 	a = agent.New(agent.Config{
 		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
-		AfterSync: []func(context.Context, *proxytable.Table){
-			func(_ context.Context, t *proxytable.Table) {
-				// Sync logs and keeps every port it could open; the next
-				// sync retries the others.
-				if err := hc.Sync(t); err != nil {
-					metrics.HealthCheckErrorsTotal.Inc()
-				}
-			},
-		},
+		AfterSync:  afterSync(hc, cleaners, log),
 	}, dp, c, cached, log.With("component", "agent"))
 
 	reg := prometheus.NewRegistry()
@@ -138,17 +136,50 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	return g.Wait()
 }
 
-// newDataplane builds one iptables dataplane per IP family the node has.
-// Like kube-proxy, it leaves out IPv6 on a node without it (a kernel booted
-// with ipv6.disable=1 has no /proc/net/if_inet6): programming it there
-// would fail every sync and reject every table.
-func newDataplane(o *Options, log *slog.Logger) (dataplane.Dataplane, error) {
+// afterSync is what follows each programmed table, as in kube-proxy's
+// syncProxyRules after the restore: the healthCheckNodePort server takes
+// the new local endpoint counts, and UDP flows to endpoints that are gone
+// are deleted so their next datagram picks a live one.
+func afterSync(hc *healthcheck.Server, cleaners []*conntrack.Cleaner, log *slog.Logger) []func(context.Context, *proxytable.Table) {
+	return []func(context.Context, *proxytable.Table){
+		func(_ context.Context, t *proxytable.Table) {
+			// Sync logs and keeps every port it could open; the next sync
+			// retries the others.
+			if err := hc.Sync(t); err != nil {
+				metrics.HealthCheckErrorsTotal.Inc()
+			}
+		},
+		func(ctx context.Context, t *proxytable.Table) {
+			start := time.Now()
+			for _, c := range cleaners {
+				n, err := c.Clean(ctx, t)
+				metrics.ConntrackReconcilerDeletedEntriesTotal.Add(float64(n))
+				// An interrupted dump was retried and is cleaned next sync.
+				if err != nil && !conntrack.IsInterrupted(err) {
+					log.Error("deleting stale conntrack entries", "err", err)
+				}
+			}
+			metrics.ConntrackReconcilerSyncDuration.Observe(time.Since(start).Seconds())
+		},
+	}
+}
+
+// nodeFamilies returns the IP families the node has. Like kube-proxy, the
+// agent leaves out IPv6 on a node without it (a kernel booted with
+// ipv6.disable=1 has no /proc/net/if_inet6): programming it there would
+// fail every sync and reject every table.
+func nodeFamilies(log *slog.Logger) []iptables.Family {
 	families := []iptables.Family{iptables.IPv4}
 	if _, err := os.Stat("/proc/net/if_inet6"); err == nil {
 		families = append(families, iptables.IPv6)
 	} else {
 		log.Warn("IPv6 is not available on this node; programming IPv4 only", "err", err)
 	}
+	return families
+}
+
+// newDataplane builds one iptables dataplane per IP family.
+func newDataplane(o *Options, families []iptables.Family) (dataplane.Dataplane, error) {
 	var dps []dataplane.Dataplane
 	for _, family := range families {
 		cfg := iptables.DefaultConfig(family)
