@@ -14,10 +14,10 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/nstest"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
-	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
 // bigSnapshot is a table of n ClusterIP+NodePort Services with 3

@@ -14,11 +14,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/nstest"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
-	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
 const (

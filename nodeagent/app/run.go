@@ -65,7 +65,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	a = agent.New(agent.Config{
 		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
-		AfterSync:  afterSync(hc, cleaners, log),
+		AfterSync: afterSync(hc, cleaners, log),
 	}, dp, c, cached, log.With("component", "agent"))
 
 	reg := prometheus.NewRegistry()
