@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -130,9 +129,22 @@ var (
 	firstPodOff = 10
 )
 
+// TB is the part of testing.TB a Topology uses. Tests pass their
+// *testing.T; a program that builds a topology outside a test (the demo)
+// passes its own, running the cleanups when it exits.
+type TB interface {
+	Helper()
+	Name() string
+	Cleanup(func())
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+}
+
 // RequireRoot skips the test unless it can create network namespaces: it
 // needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and the ip command.
-func RequireRoot(t testing.TB) {
+func RequireRoot(t TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create network namespaces; run as root (CI does)")
@@ -175,7 +187,7 @@ func hasCaps(caps ...int) bool {
 // Topology is a set of network namespaces built by New and deleted by the
 // test's cleanup. Its methods are safe for concurrent use.
 type Topology struct {
-	tb       testing.TB
+	tb       TB
 	opts     Options
 	lanNS    string
 	clientNS string
@@ -209,7 +221,7 @@ var nameSeq atomic.Uint32
 // t.Cleanup. It skips the test when RequireRoot would, and fails it (via
 // t.Fatal, so call it from the test goroutine) when the kernel refuses the
 // setup.
-func New(t testing.TB, opts Options) *Topology {
+func New(t TB, opts Options) *Topology {
 	t.Helper()
 	RequireRoot(t)
 	if err := opts.Validate(); err != nil {
@@ -277,7 +289,7 @@ var sweepOnce sync.Once
 // sweepLeftovers deletes namespaces that New made in processes that no
 // longer exist: a test binary killed by -timeout or a signal runs no
 // cleanups. Namespaces of live processes are never touched.
-func sweepLeftovers(t testing.TB) {
+func sweepLeftovers(t TB) {
 	t.Helper()
 	sweepOnce.Do(func() {
 		entries, err := os.ReadDir("/run/netns")
