@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -37,7 +38,9 @@ type Applier interface {
 // Options configures the client.
 type Options struct {
 	// Addresses are the control plane's addresses (host:port), tried in
-	// turn. They must not depend on the Service rules the agent programs.
+	// turn, starting from one picked by the node name so that agents
+	// spread over the replicas. They must not depend on the Service rules
+	// the agent programs.
 	Addresses []string
 	// NodeName is the agent's node.
 	NodeName string
@@ -61,7 +64,7 @@ var errSilent = errors.New("no message from the control plane within the silence
 // Run keeps a Sync stream open until ctx ends.
 func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
 	backoff := o.BackoffMin
-	for i := 0; ; i++ {
+	for i := firstAddress(o.NodeName, len(o.Addresses)); ; i++ {
 		addr := o.Addresses[i%len(o.Addresses)]
 		started := time.Now()
 		err := session(ctx, o, addr, a, log)
@@ -83,6 +86,15 @@ func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
 		}
 		backoff = min(2*backoff, o.BackoffMax)
 	}
+}
+
+// firstAddress picks the address an agent tries first: the same for a
+// node every time (it returns to the replica that knows it), spread evenly
+// over the replicas across nodes.
+func firstAddress(nodeName string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(nodeName))
+	return int(h.Sum32() % uint32(n))
 }
 
 // session runs one stream to addr until it fails.

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -229,5 +230,25 @@ func TestFailedApplyIsRetriedOnANewStream(t *testing.T) {
 	// The table was valid: the agent reconnects so that it is sent again.
 	if h := recv(t, accept(t, fakes["cp"])).GetHello(); h == nil {
 		t.Fatal("no new hello after a failed apply")
+	}
+}
+
+// TestFirstAddressSpreads checks that agents start on different replicas:
+// 3,000 node names over 3 addresses land within 10% of an even share, and
+// a node always starts at the same one.
+func TestFirstAddressSpreads(t *testing.T) {
+	counts := make([]int, 3)
+	for i := range 3000 {
+		name := fmt.Sprintf("node-%d", i)
+		first := firstAddress(name, 3)
+		if again := firstAddress(name, 3); again != first {
+			t.Fatalf("%s starts at %d, then %d", name, first, again)
+		}
+		counts[first]++
+	}
+	for i, c := range counts {
+		if c < 900 || c > 1100 {
+			t.Errorf("address %d is first for %d of 3000 nodes, want about 1000 (all: %v)", i, c, counts)
+		}
 	}
 }
