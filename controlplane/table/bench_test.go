@@ -11,6 +11,8 @@ package table
 //   - BenchmarkWorldMemory: what a published world costs in memory, to show
 //     that it grows with Services, not with nodes x Services.
 //
+// scale_bench_test.go measures the last two at 10,000 Services.
+//
 // Run them with, for example:
 //
 //	go test -run '^$' -bench . -benchtime=5x ./controlplane/table/
@@ -163,6 +165,18 @@ func benchServiceObjects(i int, eps []benchEndpoint, etpLocal bool) benchObjects
 	return benchObjects{svc: svc, slices: []*discoveryv1.EndpointSlice{slice}}
 }
 
+var benchLBIPs = netip.MustParseAddr("172.16.0.0") // load balancer ingress IPs
+
+// benchLoadBalancer makes Service i's object a LoadBalancer with a VIP
+// ingress address and a health check node port, keeping its node port.
+func benchLoadBalancer(svc *corev1.Service, i int) {
+	svc.Spec.Type = corev1.ServiceTypeLoadBalancer
+	svc.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: benchAddr(benchLBIPs, i+1).String()}}
+	if svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal {
+		svc.Spec.HealthCheckNodePort = int32(32768 + i%2768)
+	}
+}
+
 // buildAll builds every Service, keyed for Publish.
 func (c *benchCluster) buildAll(b *testing.B) map[string]*compute.Service {
 	b.Helper()
@@ -223,15 +237,84 @@ type benchPeer struct {
 	cur *Cursor
 }
 
-// benchChanged returns two versions (gen 0 and 1) of Service 0 that differ
-// in one endpoint: the one on node 0, in zone-a. Its three endpoints sit on
-// nodes 0, 1 and 2, one per zone. When hinted, each endpoint is hinted for
-// its own zone, so nodes in zone-b and zone-c do not see the endpoint that
-// changes and their tables stay the same.
-func benchChanged(b *testing.B, hinted bool) [2]*compute.Service {
+// benchSubscribeAll subscribes an agent for every node and brings each one
+// up to date: its cursor sends a snapshot, which the agent acknowledges.
+// It also returns the snapshots' total size.
+func benchSubscribeAll(b *testing.B, store *Store, nodes []*compute.Node, maxPending int) (peers []benchPeer, snapshotBytes int) {
 	b.Helper()
-	var out [2]*compute.Service
+	peers = make([]benchPeer, 0, len(nodes))
+	for _, n := range nodes {
+		sub := store.Subscribe(n.Name)
+		b.Cleanup(sub.Close)
+		w, pend := sub.Take()
+		cur, err := NewCursor(n.Name, w, Held{}, true, maxPending)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cur.Update(w, pend)
+		r := cur.Next()
+		if r == nil || !r.Snapshot {
+			b.Fatalf("%s: want a snapshot, got %+v", n.Name, r)
+		}
+		if err := cur.Ack(r.Version); err != nil {
+			b.Fatal(err)
+		}
+		snapshotBytes += len(r.Body)
+		peers = append(peers, benchPeer{sub: sub, cur: cur})
+	}
+	return peers, snapshotBytes
+}
+
+// benchFanOut does, for every peer, what its stream goroutine does after a
+// publish: Take, Update, Next, and Ack what was sent. It returns how many
+// agents got a response and the bytes sent to them all.
+func benchFanOut(b *testing.B, peers []benchPeer) (sent, bytes int) {
+	b.Helper()
+	for _, p := range peers {
+		select {
+		case <-p.sub.Wake():
+		default:
+		}
+		p.cur.Update(p.sub.Take())
+		r := p.cur.Next()
+		if r == nil {
+			continue
+		}
+		if err := p.cur.Ack(r.Version); err != nil {
+			b.Fatal(err)
+		}
+		sent++
+		bytes += len(r.Body)
+	}
+	return sent, bytes
+}
+
+// benchChange is the kind of Service whose endpoint changes.
+type benchChange int
+
+const (
+	// changePlain: no topology, Cluster policies; every node sees the
+	// endpoint.
+	changePlain benchChange = iota
+	// changeZoneHinted: every endpoint hinted for its own zone; only the
+	// changed endpoint's zone sees it.
+	changeZoneHinted
+	// changeETPLocal: a LoadBalancer with externalTrafficPolicy Local;
+	// every node sees the change in its cluster endpoints (kept for
+	// traffic from inside the cluster), and the hosting node in its local
+	// endpoints too.
+	changeETPLocal
+)
+
+// benchChangedObjects returns two versions (gen 0 and 1) of Service 0 that
+// differ in one endpoint: the one on node 0, in zone-a. Its three endpoints
+// sit on nodes 0, 1 and 2, one per zone. When zone-hinted, each endpoint
+// is hinted for its own zone, so nodes in zone-b and zone-c do not see the
+// endpoint that changes and their tables stay the same.
+func benchChangedObjects(kind benchChange) [2]benchObjects {
+	var out [2]benchObjects
 	for gen := range out {
+		hinted := kind == changeZoneHinted
 		eps := []benchEndpoint{
 			{ip: benchAddr(benchPodIPs, 1), node: 0, hinted: hinted},
 			{ip: benchAddr(benchPodIPs, 2), node: 1, hinted: hinted},
@@ -240,9 +323,19 @@ func benchChanged(b *testing.B, hinted bool) [2]*compute.Service {
 		if gen == 1 {
 			eps[0].ip = benchAddr(benchAltPodIPs, 1)
 		}
-		out[gen] = benchServiceObjects(0, eps, false).build(b)
+		out[gen] = benchServiceObjects(0, eps, kind == changeETPLocal)
+		if kind == changeETPLocal {
+			benchLoadBalancer(out[gen].svc, 0)
+		}
 	}
 	return out
+}
+
+// benchChanged is benchChangedObjects, built.
+func benchChanged(b *testing.B, kind benchChange) [2]*compute.Service {
+	b.Helper()
+	objs := benchChangedObjects(kind)
+	return [2]*compute.Service{objs[0].build(b), objs[1].build(b)}
 }
 
 // BenchmarkEndpointChange measures the steady state: one endpoint of one
@@ -261,36 +354,17 @@ func benchChanged(b *testing.B, hinted bool) [2]*compute.Service {
 // not change receives nothing, which the benchmark checks.
 func BenchmarkEndpointChange(b *testing.B) {
 	for _, tc := range []struct {
-		name   string
-		hinted bool
-	}{{"plain", false}, {"zone-hinted", true}} {
+		name string
+		kind benchChange
+	}{{"plain", changePlain}, {"zone-hinted", changeZoneHinted}} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := newBenchCluster(benchNodes, benchServices, benchPlain)
-			versions := benchChanged(b, tc.hinted)
+			versions := benchChanged(b, tc.kind)
 			initial := c.buildAll(b)
 			initial[versions[0].Key] = versions[0]
 			store := NewStore(benchServices)
 			store.Publish(initial, c.nodeMap)
-
-			peers := make([]benchPeer, 0, len(c.nodes))
-			for _, n := range c.nodes {
-				sub := store.Subscribe(n.Name)
-				defer sub.Close()
-				w, pend := sub.Take()
-				cur, err := NewCursor(n.Name, w, Held{}, true, benchServices)
-				if err != nil {
-					b.Fatal(err)
-				}
-				cur.Update(w, pend)
-				r := cur.Next()
-				if r == nil || !r.Snapshot {
-					b.Fatalf("%s: want a snapshot, got %+v", n.Name, r)
-				}
-				if err := cur.Ack(r.Version); err != nil {
-					b.Fatal(err)
-				}
-				peers = append(peers, benchPeer{sub: sub, cur: cur})
-			}
+			peers, _ := benchSubscribeAll(b, store, c.nodes, benchServices)
 
 			changes := map[string]*compute.Service{versions[0].Key: nil}
 			totalBytes, totalSent, gen := 0, 0, 0
@@ -301,35 +375,27 @@ func BenchmarkEndpointChange(b *testing.B) {
 				if n, _ := store.Publish(changes, nil); n != 1 {
 					b.Fatalf("publish changed %d services, want 1", n)
 				}
-				sent := 0
-				for _, p := range peers {
-					select {
-					case <-p.sub.Wake():
-					default:
-					}
-					p.cur.Update(p.sub.Take())
-					r := p.cur.Next()
-					if r == nil {
-						continue
-					}
-					if err := p.cur.Ack(r.Version); err != nil {
-						b.Fatal(err)
-					}
-					sent++
-					totalBytes += len(r.Body)
-				}
+				sent, bytes := benchFanOut(b, peers)
 				totalSent += sent
-				switch {
-				case tc.hinted && (sent == 0 || sent >= len(peers)):
-					b.Fatalf("zone-hinted change reached %d of %d agents; want only zone-a's (about a third)", sent, len(peers))
-				case !tc.hinted && sent != len(peers):
-					b.Fatalf("change reached %d of %d agents, want all", sent, len(peers))
-				}
+				totalBytes += bytes
+				checkReach(b, tc.kind, sent, len(peers))
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N), "ns/change")
 			b.ReportMetric(float64(totalBytes)/float64(b.N), "bytes/change")
 			b.ReportMetric(float64(totalSent)/float64(b.N), "agents-sent/change")
 		})
+	}
+}
+
+// checkReach fails b when a change of kind reached the wrong number of
+// agents: a zone-hinted one only its zone's (about a third), any other all.
+func checkReach(b *testing.B, kind benchChange, sent, agents int) {
+	b.Helper()
+	switch {
+	case kind == changeZoneHinted && (sent == 0 || sent >= agents):
+		b.Fatalf("zone-hinted change reached %d of %d agents; want only zone-a's (about a third)", sent, agents)
+	case kind != changeZoneHinted && sent != agents:
+		b.Fatalf("change reached %d of %d agents, want all", sent, agents)
 	}
 }
 
