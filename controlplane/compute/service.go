@@ -105,10 +105,19 @@ func (e *endpoint) proto() *pb.Endpoint {
 type servicePort struct {
 	name                   string
 	usesCluster, usesLocal bool
-	endpoints              []endpoint // sorted by address, then port
-	allReadyHaveZoneHints  bool
-	allReadyHaveNodeHints  bool
-	hasEndpointsAnywhere   bool
+	endpoints              []endpoint // sorted by address (IPv4 first), then port
+	// families splits endpoints by IP family. Upstream runs one proxier
+	// per family, each seeing only its own family's endpoints, so hints,
+	// topology and the terminating fallback are decided per family.
+	families             []portFamily
+	hasEndpointsAnywhere bool
+}
+
+// portFamily is one IP family's endpoints of a port.
+type portFamily struct {
+	endpoints             []endpoint // a run of servicePort.endpoints
+	allReadyHaveZoneHints bool
+	allReadyHaveNodeHints bool
 }
 
 // Build computes the table views of svc from its EndpointSlices. svc must
@@ -480,8 +489,9 @@ func portEndpoints(usable []usableSlice, name string, protocol corev1.Protocol) 
 }
 
 // appendName adds a hint name once. An empty name still counts as a hint
-// (as upstream's hint sets), but it never matches: nodes without a zone
-// label or name never use topology.
+// (as in upstream's hint sets), but here it never matches: nodes without a
+// zone label never use topology, where upstream would match an empty zone
+// hint (a known difference, docs/semantics.md).
 func appendName(names []string, n string) []string {
 	if !utf8.ValidString(n) || slices.Contains(names, n) {
 		return names
@@ -489,26 +499,36 @@ func appendName(names []string, n string) []string {
 	return append(names, n)
 }
 
-// classify precomputes what topology needs: upstream uses hints only when
-// every ready endpoint has them (topologyModeFromHints skips endpoints that
-// are not ready).
+// classify splits the endpoints by family and precomputes what topology
+// needs: upstream uses a family's hints only when every ready endpoint of
+// that family has them (topologyModeFromHints skips endpoints that are not
+// ready).
 func (p *servicePort) classify() {
-	p.allReadyHaveZoneHints, p.allReadyHaveNodeHints = true, true
-	ready := 0
-	for i := range p.endpoints {
-		e := &p.endpoints[i]
-		if e.ready || e.usableTerminating() {
-			p.hasEndpointsAnywhere = true
+	p.families = nil
+	for rest := p.endpoints; len(rest) > 0; {
+		n := 1
+		for n < len(rest) && rest[n].addr.Is4() == rest[0].addr.Is4() {
+			n++
 		}
-		if !e.ready {
-			continue
+		f := portFamily{endpoints: rest[:n:n], allReadyHaveZoneHints: true, allReadyHaveNodeHints: true}
+		ready := 0
+		for i := range f.endpoints {
+			e := &f.endpoints[i]
+			if e.ready || e.usableTerminating() {
+				p.hasEndpointsAnywhere = true
+			}
+			if !e.ready {
+				continue
+			}
+			ready++
+			f.allReadyHaveZoneHints = f.allReadyHaveZoneHints && len(e.zoneHints) > 0
+			f.allReadyHaveNodeHints = f.allReadyHaveNodeHints && len(e.nodeHints) > 0
 		}
-		ready++
-		p.allReadyHaveZoneHints = p.allReadyHaveZoneHints && len(e.zoneHints) > 0
-		p.allReadyHaveNodeHints = p.allReadyHaveNodeHints && len(e.nodeHints) > 0
-	}
-	if ready == 0 {
-		p.allReadyHaveZoneHints, p.allReadyHaveNodeHints = false, false
+		if ready == 0 {
+			f.allReadyHaveZoneHints, f.allReadyHaveNodeHints = false, false
+		}
+		p.families = append(p.families, f)
+		rest = rest[n:]
 	}
 }
 

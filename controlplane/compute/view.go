@@ -70,20 +70,22 @@ func (s *Service) index() {
 	s.hintedNodes, s.hintedZones, s.localNodes = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for i := range s.ports {
 		p := &s.ports[i]
-		for j := range p.endpoints {
-			e := &p.endpoints[j]
-			if p.usesCluster && p.allReadyHaveNodeHints {
-				for _, n := range e.nodeHints {
-					s.hintedNodes[n] = n != ""
+		for _, f := range p.families {
+			for j := range f.endpoints {
+				e := &f.endpoints[j]
+				if p.usesCluster && f.allReadyHaveNodeHints {
+					for _, n := range e.nodeHints {
+						s.hintedNodes[n] = n != ""
+					}
 				}
-			}
-			if p.usesCluster && p.allReadyHaveZoneHints {
-				for _, z := range e.zoneHints {
-					s.hintedZones[z] = z != ""
+				if p.usesCluster && f.allReadyHaveZoneHints {
+					for _, z := range e.zoneHints {
+						s.hintedZones[z] = z != ""
+					}
 				}
-			}
-			if p.usesLocal && e.nodeName != "" && (e.ready || e.usableTerminating()) {
-				s.localNodes[e.nodeName] = true
+				if p.usesLocal && e.nodeName != "" && (e.ready || e.usableTerminating()) {
+					s.localNodes[e.nodeName] = true
+				}
 			}
 		}
 	}
@@ -144,9 +146,9 @@ func newPart(m proto.Message) *Part {
 }
 
 // sharedView is the Service with the Cluster-policy endpoints of class c,
-// chosen as upstream's CategorizeEndpoints does: ready endpoints available
-// for the node's topology, else serving-and-terminating ones (topology is
-// not applied to that fallback).
+// chosen per IP family as upstream's CategorizeEndpoints does: ready
+// endpoints available for the node's topology, else serving-and-terminating
+// ones (topology is not applied to that fallback).
 func (s *Service) sharedView(c class) *pb.Service {
 	out := proto.CloneOf(s.base)
 	for i := range s.ports {
@@ -154,10 +156,14 @@ func (s *Service) sharedView(c class) *pb.Service {
 		if !p.usesCluster {
 			continue
 		}
-		mode := p.topologyMode(c)
-		eps := p.filter(func(e *endpoint) bool { return e.ready && mode.allows(e, c) })
-		if len(eps) == 0 {
-			eps = p.filter((*endpoint).usableTerminating)
+		var eps []*pb.Endpoint
+		for _, f := range p.families {
+			mode := f.topologyMode(c)
+			fam := f.filter(func(e *endpoint) bool { return e.ready && mode.allows(e, c) })
+			if len(fam) == 0 {
+				fam = f.filter((*endpoint).usableTerminating)
+			}
+			eps = append(eps, fam...)
 		}
 		if len(eps) > 0 {
 			out.ClusterEndpoints = append(out.ClusterEndpoints, &pb.PortEndpoints{PortName: p.name, Endpoints: eps})
@@ -166,8 +172,9 @@ func (s *Service) sharedView(c class) *pb.Service {
 	return out
 }
 
-// localEndpoints are node's endpoints for the Local policy: ready ones,
-// else serving-and-terminating ones; topology never applies here.
+// localEndpoints are node's endpoints for the Local policy, per IP family:
+// ready ones, else serving-and-terminating ones; topology never applies
+// here.
 func (s *Service) localEndpoints(node string) []*pb.PortEndpoints {
 	var out []*pb.PortEndpoints
 	for i := range s.ports {
@@ -175,9 +182,13 @@ func (s *Service) localEndpoints(node string) []*pb.PortEndpoints {
 		if !p.usesLocal {
 			continue
 		}
-		eps := p.filter(func(e *endpoint) bool { return e.nodeName == node && e.ready })
-		if len(eps) == 0 {
-			eps = p.filter(func(e *endpoint) bool { return e.nodeName == node && e.usableTerminating() })
+		var eps []*pb.Endpoint
+		for _, f := range p.families {
+			fam := f.filter(func(e *endpoint) bool { return e.nodeName == node && e.ready })
+			if len(fam) == 0 {
+				fam = f.filter(func(e *endpoint) bool { return e.nodeName == node && e.usableTerminating() })
+			}
+			eps = append(eps, fam...)
 		}
 		if len(eps) > 0 {
 			out = append(out, &pb.PortEndpoints{PortName: p.name, Endpoints: eps})
@@ -186,11 +197,11 @@ func (s *Service) localEndpoints(node string) []*pb.PortEndpoints {
 	return out
 }
 
-func (p *servicePort) filter(keep func(*endpoint) bool) []*pb.Endpoint {
+func (f *portFamily) filter(keep func(*endpoint) bool) []*pb.Endpoint {
 	var out []*pb.Endpoint
-	for i := range p.endpoints {
-		if keep(&p.endpoints[i]) {
-			out = append(out, p.endpoints[i].proto())
+	for i := range f.endpoints {
+		if keep(&f.endpoints[i]) {
+			out = append(out, f.endpoints[i].proto())
 		}
 	}
 	return out
@@ -207,19 +218,19 @@ const (
 // topologyMode follows upstream's topologyModeFromHints: node hints win when
 // every ready endpoint has them and one names this node; else zone hints
 // under the same rule; else no topology.
-func (p *servicePort) topologyMode(c class) topologyMode {
+func (f *portFamily) topologyMode(c class) topologyMode {
 	hasFor := func(names func(*endpoint) []string, want string) bool {
-		for i := range p.endpoints {
-			if e := &p.endpoints[i]; e.ready && slices.Contains(names(e), want) {
+		for i := range f.endpoints {
+			if e := &f.endpoints[i]; e.ready && slices.Contains(names(e), want) {
 				return true
 			}
 		}
 		return false
 	}
 	switch {
-	case p.allReadyHaveNodeHints && c.node != "" && hasFor(func(e *endpoint) []string { return e.nodeHints }, c.node):
+	case f.allReadyHaveNodeHints && c.node != "" && hasFor(func(e *endpoint) []string { return e.nodeHints }, c.node):
 		return topologySameNode
-	case p.allReadyHaveZoneHints && c.zone != "" && hasFor(func(e *endpoint) []string { return e.zoneHints }, c.zone):
+	case f.allReadyHaveZoneHints && c.zone != "" && hasFor(func(e *endpoint) []string { return e.zoneHints }, c.zone):
 		return topologySameZone
 	}
 	return topologyNone
