@@ -46,6 +46,9 @@
 // apart from traffic no rule took, which a node routes there and which
 // fails at once instead of timing out. Node.Name ("node-k") is also the backend name of
 // servers in the node namespace and a natural Kubernetes Node name.
+// Options.Hosts adds namespaces on the LAN outside the cluster, at
+// 192.168.100.200 upwards, for what the nodes must reach without Service
+// rules (a control plane, say).
 //
 // # Kernel pitfalls handled
 //

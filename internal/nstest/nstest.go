@@ -58,6 +58,9 @@ const (
 	// MaxNodes keeps each node's external range (a /27 of 198.51.100.0/24)
 	// distinct.
 	MaxNodes = 8
+	// MaxHosts keeps host addresses (192.168.100.200 upwards) below the
+	// LAN router's .254.
+	MaxHosts = 50
 	// ExecTimeout bounds every command run by Exec, so a hung tool cannot
 	// hang the test binary until the global test timeout.
 	ExecTimeout = 30 * time.Second
@@ -80,6 +83,10 @@ type Options struct {
 	// Pods is the number of pod namespaces on each node; 0 means
 	// DefaultPods.
 	Pods int
+	// Hosts is the number of extra namespaces on the LAN, outside the
+	// cluster (for a control plane and its API server, say): host i has
+	// 192.168.100.(200+i) and fd00:100::(200+i), hex.
+	Hosts int
 	// ServiceCIDRs are the ClusterIP ranges each node routes via
 	// NodeExternalLink so its own connections reach OUTPUT DNAT; empty means
 	// 10.96.0.0/16 and fd00:96::/112.
@@ -94,6 +101,9 @@ func (o Options) Validate() error {
 	}
 	if o.Pods < 1 || o.Pods > MaxPods {
 		return fmt.Errorf("pods must be between 1 and %d, got %d", MaxPods, o.Pods)
+	}
+	if o.Hosts < 0 || o.Hosts > MaxHosts {
+		return fmt.Errorf("hosts must be between 0 and %d, got %d", MaxHosts, o.Hosts)
 	}
 	for _, p := range o.ServiceCIDRs {
 		if !p.IsValid() || p != p.Masked() {
@@ -191,6 +201,7 @@ type Topology struct {
 	opts     Options
 	lanNS    string
 	clientNS string
+	hostNS   []string
 	nodes    []*Node
 	podNS    []string
 	// labels maps each namespace name to its role ("node-0", "client",
@@ -240,6 +251,11 @@ func New(t TB, opts Options) *Topology {
 	tp.clientNS = prefix + "-client"
 	tp.labels[tp.lanNS] = "lan"
 	tp.labels[tp.clientNS] = "client"
+	for i := range opts.Hosts {
+		name := fmt.Sprintf("%s-host-%d", prefix, i)
+		tp.hostNS = append(tp.hostNS, name)
+		tp.labels[name] = fmt.Sprintf("host-%d", i)
+	}
 	for k := range opts.Nodes {
 		n := &Node{index: k, name: fmt.Sprintf("node-%d", k), ns: fmt.Sprintf("%s-node-%d", prefix, k)}
 		tp.labels[n.ns] = n.name
@@ -282,7 +298,7 @@ func nsNameUsed(prefix string) bool {
 
 // leftoverName matches the namespaces New names, capturing the creating
 // process id.
-var leftoverName = regexp.MustCompile(`^nst[0-9a-f]{4}-([0-9]+)-[0-9]+-(node|node-[0-9]+|lan|client|pod-[0-9]+)$`)
+var leftoverName = regexp.MustCompile(`^nst[0-9a-f]{4}-([0-9]+)-[0-9]+-(node|node-[0-9]+|lan|client|host-[0-9]+|pod-[0-9]+)$`)
 
 var sweepOnce sync.Once
 
@@ -333,6 +349,21 @@ func (tp *Topology) PodNode(i int) *Node {
 
 // NodeNS returns the name of node 0's namespace.
 func (tp *Topology) NodeNS() string { return tp.nodes[0].ns }
+
+// HostNS returns the name of extra host i's namespace (Options.Hosts). It
+// panics if i is out of range.
+func (tp *Topology) HostNS(i int) string { return tp.hostNS[i] }
+
+// HostIP returns host i's IPv4 address on the LAN, 192.168.100.(200+i).
+func (tp *Topology) HostIP(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{192, 168, 100, byte(200 + i)})
+}
+
+// HostIPv6 returns host i's IPv6 address on the LAN, fd00:100::(200+i)
+// with 200+i in hex (host 0 is fd00:100::c8).
+func (tp *Topology) HostIPv6(i int) netip.Addr {
+	return netip.MustParseAddr(fmt.Sprintf("fd00:100::%x", 200+i))
+}
 
 // ClientNS returns the name of the client namespace outside the cluster.
 func (tp *Topology) ClientNS() string { return tp.clientNS }
@@ -829,7 +860,7 @@ func (h *handle) waitUp(deadline time.Time, names ...string) error {
 // build creates and wires the namespaces. Each namespace is recorded for
 // cleanup as soon as it exists, so a failure part-way leaves nothing behind.
 func (tp *Topology) build() error {
-	all := []string{tp.lanNS, tp.clientNS}
+	all := append([]string{tp.lanNS, tp.clientNS}, tp.hostNS...)
 	for _, n := range tp.nodes {
 		all = append(all, n.ns)
 	}
@@ -898,6 +929,20 @@ func (tp *Topology) build() error {
 		return err
 	}
 
+	for i, ns := range tp.hostNS {
+		h := handles[ns]
+		port := "host" + strconv.Itoa(i)
+		lanPorts = append(lanPorts, port)
+		if err := lan.addPort(BridgeLink, port, h, PodLink, false); err != nil {
+			return err
+		}
+		if err := h.addAddrs(PodLink, netip.PrefixFrom(tp.HostIP(i), extPrefix), netip.PrefixFrom(tp.HostIPv6(i), extPrefix6)); err != nil {
+			return err
+		}
+		if err := h.up(PodLink); err != nil {
+			return err
+		}
+	}
 	for _, n := range tp.nodes {
 		node := handles[n.ns]
 		lanPorts = append(lanPorts, lanPortLink(n.index))
@@ -954,7 +999,7 @@ func (tp *Topology) build() error {
 			return err
 		}
 	}
-	for _, ns := range append([]string{tp.clientNS}, tp.podNS...) {
+	for _, ns := range append(append([]string{tp.clientNS}, tp.hostNS...), tp.podNS...) {
 		if err := writeSysctls(ns, append(linkSysctls("lo", false), linkSysctls(PodLink, false)...)); err != nil {
 			return err
 		}

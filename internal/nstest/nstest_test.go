@@ -109,6 +109,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative pods", nstest.Options{Pods: -1}, false},
 		{"max nodes", nstest.Options{Nodes: nstest.MaxNodes}, true},
 		{"too many nodes", nstest.Options{Nodes: nstest.MaxNodes + 1}, false},
+		{"too many hosts", nstest.Options{Hosts: nstest.MaxHosts + 1}, false},
 		{"unmasked CIDR", nstest.Options{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.1/16")}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -245,7 +246,7 @@ func TestReachability(t *testing.T) {
 // node's pods, and the client reaches both nodes.
 func TestTwoNodes(t *testing.T) {
 	t.Parallel()
-	tp := nstest.New(t, nstest.Options{Nodes: 2})
+	tp := nstest.New(t, nstest.Options{Nodes: 2, Hosts: 1})
 	n0, n1 := tp.Node(0), tp.Node(1)
 	if got := n1.Pods(); !slices.Equal(got, []int{2, 3}) {
 		t.Fatalf("node-1 pods = %v, want [2 3]", got)
@@ -259,6 +260,7 @@ func TestTwoNodes(t *testing.T) {
 	for k := range tp.Nodes() {
 		tp.ServeTCPIn(tp.Node(k).NS(), "", backendPort)
 	}
+	tp.ServeTCPIn(tp.HostNS(0), "", backendPort)
 	for _, tc := range []struct {
 		name    string
 		from    string
@@ -272,6 +274,8 @@ func TestTwoNodes(t *testing.T) {
 		{"node-1 to node-0", n1.NS(), n0.IP(), "node-0", n1.IP()},
 		{"client to node-1", tp.ClientNS(), n1.IP(), "node-1", tp.ClientIP()},
 		{"client to pod-2 via node-0", tp.ClientNS(), tp.PodIP(2), "pod-2", tp.ClientIP()},
+		{"host-0 to node-1", tp.HostNS(0), n1.IP(), "node-1", tp.HostIP(0)},
+		{"node-0 to host-0 over IPv6", n0.NS(), tp.HostIPv6(0), "host-0", n0.IPv6()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, err := tp.DialTCP(tc.from, nstest.HostPort(tc.to, backendPort), dialWait)
