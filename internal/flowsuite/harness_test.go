@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,14 +83,14 @@ func newCluster(t *testing.T, kind dataplaneKind) *cluster {
 		kind: kind, tp: tp, store: table.NewStore(1000),
 		services: map[string]*corev1.Service{}, slices: map[string][]*discoveryv1.EndpointSlice{},
 	}
+	// The agents stop with ctx; the cleanup waits for those started, so a
+	// constructor failing part-way (t.Fatal, t.Skip) cannot hang it.
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
+	var agents sync.WaitGroup
+	t.Cleanup(func() { cancel(); agents.Wait() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	nodes := map[string]*compute.Node{}
-	running := 0
-	finished := make(chan struct{}, len(zones))
 	for k := range tp.Nodes() {
 		n := tp.Node(k)
 		obj := &corev1.Node{
@@ -126,16 +127,9 @@ func newCluster(t *testing.T, kind dataplaneKind) *cluster {
 				},
 			},
 		}, kind.new(t, tp, n), store, cached, log)
-		running++
-		go func() { _ = a.Run(ctx); finished <- struct{}{} }()
+		agents.Go(func() { _ = a.Run(ctx) })
 		c.nodes = append(c.nodes, &clusterNode{ns: n, obj: obj, agent: a})
 	}
-	go func() {
-		for range running {
-			<-finished
-		}
-		close(done)
-	}()
 	c.store.Publish(nil, nodes)
 
 	for i := range tp.Pods() {
