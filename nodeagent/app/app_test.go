@@ -2,8 +2,11 @@ package app
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"os"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -89,5 +93,29 @@ func TestHealthEndpoints(t *testing.T) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("stale agent: /healthz %d, want 503", resp.StatusCode)
+	}
+}
+
+// TestIPVSWithoutKernelSupport checks that ipvs mode on a kernel without
+// IPVS (this machine's) fails at start, naming the missing feature, before
+// touching the cache or the kernel.
+func TestIPVSWithoutKernelSupport(t *testing.T) {
+	if err := ipvs.CheckKernel(); err == nil {
+		t.Skip("this kernel has IPVS; the clear-error path needs one without it")
+	}
+	o := NewOptions()
+	o.ControlPlanes = []string{"127.0.0.1:1"}
+	o.ProxyMode = "ipvs"
+	o.ClusterCIDRs = []string{"10.244.0.0/16"}
+	o.StateDir = t.TempDir()
+	if err := o.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(context.Background(), o, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !ipvs.IsIPVSUnavailable(err) || !strings.Contains(err.Error(), "CONFIG_IP_VS") {
+		t.Fatalf("Run = %v, want an error naming the missing IPVS kernel support", err)
+	}
+	if _, statErr := os.Stat(o.CachePath()); !os.IsNotExist(statErr) {
+		t.Errorf("the cache was created (%v); a dataplane that cannot start must touch nothing", statErr)
 	}
 }

@@ -11,10 +11,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
@@ -29,8 +32,10 @@ type Options struct {
 	NodeName string
 	// StateDir holds the table cache.
 	StateDir string
-	// ProxyMode selects the dataplane.
+	// ProxyMode selects the dataplane: iptables or ipvs.
 	ProxyMode string
+	// IPVSScheduler is the IPVS scheduler in ipvs mode.
+	IPVSScheduler string
 	// HealthzBindAddress serves /healthz and /livez.
 	HealthzBindAddress string
 	// MetricsBindAddress serves /metrics.
@@ -53,6 +58,9 @@ type Options struct {
 	LogLevel string
 }
 
+// proxyModes are the dataplanes this build offers.
+var proxyModes = []string{"iptables", "ipvs"}
+
 // NewOptions returns the defaults.
 func NewOptions() *Options {
 	name := os.Getenv("NODE_NAME")
@@ -65,6 +73,8 @@ func NewOptions() *Options {
 		// The only dataplane built so far; nftables (kube-proxy's
 		// recommended mode) becomes the default when it exists.
 		ProxyMode: "iptables",
+		// kube-proxy's default scheduler: round robin.
+		IPVSScheduler: "rr",
 		// kube-proxy's ports, so existing probes and scrapes keep working.
 		HealthzBindAddress: "0.0.0.0:10256",
 		MetricsBindAddress: "127.0.0.1:10249",
@@ -83,7 +93,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP.")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name (default: $NODE_NAME, else the hostname).")
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory holding the table cache.")
-	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Dataplane: iptables.")
+	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Dataplane: iptables or ipvs.")
+	fs.StringVar(&o.IPVSScheduler, "ipvs-scheduler", o.IPVSScheduler, "IPVS scheduler in ipvs mode: "+strings.Join(ipvs.Schedulers, ", ")+".")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address serving /healthz and /livez.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address serving /metrics.")
 	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "Pod CIDRs of the cluster, for --detect-local-mode=ClusterCIDR.")
@@ -112,8 +123,11 @@ func (o *Options) Validate() error {
 	if !filepath.IsAbs(o.StateDir) {
 		errs = append(errs, fmt.Errorf("--state-dir %q must be an absolute path", o.StateDir))
 	}
-	if o.ProxyMode != "iptables" {
-		errs = append(errs, fmt.Errorf("--proxy-mode %q: only iptables is available in this build", o.ProxyMode))
+	if !slices.Contains(proxyModes, o.ProxyMode) {
+		errs = append(errs, fmt.Errorf("--proxy-mode %q: want one of %s", o.ProxyMode, strings.Join(proxyModes, ", ")))
+	}
+	if !slices.Contains(ipvs.Schedulers, o.IPVSScheduler) {
+		errs = append(errs, fmt.Errorf("--ipvs-scheduler %q: want one of %s", o.IPVSScheduler, strings.Join(ipvs.Schedulers, ", ")))
 	}
 	for _, a := range []struct{ flag, addr string }{
 		{"--healthz-bind-address", o.HealthzBindAddress}, {"--metrics-bind-address", o.MetricsBindAddress},

@@ -25,6 +25,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/conntrack"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -178,28 +179,55 @@ func nodeFamilies(log *slog.Logger) []iptables.Family {
 	return families
 }
 
-// newDataplane builds one iptables dataplane per IP family.
+// newDataplane builds one dataplane of the selected mode per IP family.
 func newDataplane(o *Options, families []iptables.Family) (dataplane.Dataplane, error) {
 	var dps []dataplane.Dataplane
 	for _, family := range families {
-		cfg := iptables.DefaultConfig(family)
-		cfg.Backend = iptables.Backend(o.IPTablesBackend)
-		cfg.MasqueradeBit = o.MasqueradeBit
-		cfg.LocalMode = iptables.LocalMode(o.DetectLocalMode)
-		cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
-		cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
-		cfg.OnRestoreFailure = func(bool) { metrics.IPTablesRestoreFailuresTotal.Inc() }
-		if cfg.LocalMode == iptables.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
-			// No pod CIDR of this family: nothing to recognise.
-			cfg.LocalMode = iptables.LocalNone
+		var dp dataplane.Dataplane
+		var err error
+		switch o.ProxyMode {
+		case "ipvs":
+			dp, err = newIPVS(o, family)
+		default:
+			dp, err = newIPTables(o, family)
 		}
-		dp, err := iptables.New(cfg)
 		if err != nil {
-			return nil, fmt.Errorf("%s dataplane: %w", family, err)
+			return nil, fmt.Errorf("%s %s dataplane: %w", family, o.ProxyMode, err)
 		}
 		dps = append(dps, dp)
 	}
 	return dataplane.Join(dps...), nil
+}
+
+func newIPTables(o *Options, family iptables.Family) (dataplane.Dataplane, error) {
+	cfg := iptables.DefaultConfig(family)
+	cfg.Backend = iptables.Backend(o.IPTablesBackend)
+	cfg.MasqueradeBit = o.MasqueradeBit
+	cfg.LocalMode = iptables.LocalMode(o.DetectLocalMode)
+	cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
+	cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
+	cfg.OnRestoreFailure = func(bool) { metrics.IPTablesRestoreFailuresTotal.Inc() }
+	if cfg.LocalMode == iptables.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
+		// No pod CIDR of this family: nothing to recognise.
+		cfg.LocalMode = iptables.LocalNone
+	}
+	return iptables.New(cfg)
+}
+
+// newIPVS fails at once on a kernel without IPVS, naming what is missing,
+// and the agent exits non-zero rather than run without a dataplane.
+func newIPVS(o *Options, family iptables.Family) (dataplane.Dataplane, error) {
+	cfg := ipvs.DefaultConfig(ipvs.Family(family))
+	cfg.Scheduler = o.IPVSScheduler
+	cfg.Backend = ipvs.Backend(o.IPTablesBackend)
+	cfg.MasqueradeBit = o.MasqueradeBit
+	cfg.LocalMode = ipvs.LocalMode(o.DetectLocalMode)
+	cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
+	cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
+	if cfg.LocalMode == ipvs.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
+		cfg.LocalMode = ipvs.LocalNone
+	}
+	return ipvs.New(cfg)
 }
 
 // cidrsOf keeps the CIDRs of family; Validate has parsed them all.
