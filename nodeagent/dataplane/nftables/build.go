@@ -1,0 +1,383 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// params is everything building needs besides the table, resolved from
+// Config and the table's NodeInfo at each sync.
+type params struct {
+	family        Family
+	mark          uint32
+	masqueradeAll bool
+	// localCIDR is the pod CIDR of the family; invalid when pod traffic
+	// cannot be recognised (LocalNone, or NodeCIDR without a pod CIDR).
+	localCIDR     netip.Prefix
+	nodePortAll   bool           // NodePorts on every local address but loopback
+	nodePortCIDRs []netip.Prefix // else on the local addresses in these
+	nodeIPs       []netip.Addr
+	dropInvalid   bool
+	randomFully   bool
+}
+
+func newParams(c *Config, node *pb.NodeInfo) params {
+	p := params{
+		family:        c.Family,
+		mark:          uint32(1) << uint(c.MasqueradeBit),
+		masqueradeAll: c.MasqueradeAll,
+		nodeIPs:       c.nodeIPs(),
+		dropInvalid:   !c.ConntrackTCPBeLiberal,
+		randomFully:   !c.NoRandomFully,
+	}
+	switch c.LocalMode {
+	case LocalClusterCIDR:
+		if cidr, err := c.clusterCIDR(); err == nil {
+			p.localCIDR = cidr
+		}
+	case LocalNodeCIDR:
+		// Upstream takes the node's first pod CIDR of the family too.
+		for _, s := range node.GetPodCidrs() {
+			if pr, err := netip.ParsePrefix(s); err == nil && c.Family.has(pr.Addr()) {
+				p.localCIDR = pr.Masked()
+				break
+			}
+		}
+	}
+	p.nodePortAll = len(c.NodePortAddresses) == 0
+	for _, s := range c.NodePortAddresses {
+		pr, err := netip.ParsePrefix(s)
+		if err != nil || !c.Family.has(pr.Addr()) {
+			continue
+		}
+		if pr.Bits() == 0 {
+			p.nodePortAll, p.nodePortCIDRs = true, nil
+			break
+		}
+		p.nodePortCIDRs = append(p.nodePortCIDRs, pr.Masked())
+	}
+	return p
+}
+
+// fingerprint identifies everything in p that rules depend on; a change
+// (the node's pod CIDR in NodeCIDR mode) makes the next sync a full one.
+func (p *params) fingerprint() string { return fmt.Sprintf("%+v", *p) }
+
+// Base-chain priorities, numeric because nft 1.0.6 names them only on some
+// hooks. NAT at the standard dstnat (-100) and srcnat (100); the filter
+// chains that must see the original destination (source ranges) just
+// before DNAT; the checks that must see it after DNAT (so that
+// short-circuited and DNATed traffic no longer matches) just after it on
+// the output hook, as kube-proxy's filter-output-post-dnat.
+const (
+	prioDNAT     = -100
+	prioSNAT     = 100
+	prioPreDNAT  = prioDNAT - 10
+	prioPostDNAT = prioDNAT + 10
+)
+
+// skeleton returns the shared chains and sets: everything that does not
+// belong to one Service. Elements are added by the Services.
+func skeleton(p *params) ([]*chain, []*set) {
+	f := p.family
+	newCT := ctState{}
+	sets := []*set{
+		{name: mapServiceIPs, key: keyAddrProtoPort, vmap: true},
+		{name: mapServiceNodePorts, key: keyProtoPort, vmap: true},
+		{name: mapNoEndpointServices, key: keyAddrProtoPort, vmap: true},
+		{name: mapNoEndpointNodePorts, key: keyProtoPort, vmap: true},
+		{name: mapFirewallIPs, key: keyAddrProtoPort, vmap: true},
+		{name: setClusterIPs, key: keyAddr},
+	}
+	base := func(name, typ, hook string, prio int, rules ...rule) *chain {
+		return &chain{name: name, hook: &baseHook{typ: typ, hook: hook, priority: prio}, rules: rules}
+	}
+	forward := []rule{}
+	if p.dropInvalid {
+		// Out-of-window packets conntrack marks INVALID would be
+		// forwarded un-NATed and reset the connection (kubernetes
+		// #74839); drop them unless the node is liberal.
+		forward = append(forward, newRule(ctState{invalid: true}, verdictOf(verdictDrop)))
+	}
+	forward = append(forward,
+		newRule(newCT, jump(chainServiceEndpoints)),
+		newRule(newCT, jump(chainClusterIPsCheck)))
+
+	loopback := loopback4
+	if f == IPv6 {
+		loopback = loopback6
+	}
+	services := []rule{newRule(vmapLookup{withAddr: true, set: mapServiceIPs})}
+	nodePortChecks := []rule{}
+	if p.nodePortAll {
+		// fib daddr type local matches every address of the node, present
+		// and future, without listing interfaces; loopback is excluded
+		// (localhost NodePorts would need route_localnet, see README).
+		services = append(services, newRule(fibLocal{}, addrMatch{neg: true, p: loopback}, vmapLookup{set: mapServiceNodePorts}))
+		// On the input path every destination is local already.
+		nodePortChecks = append(nodePortChecks, newRule(addrMatch{neg: true, p: loopback}, vmapLookup{set: mapNoEndpointNodePorts}))
+	} else {
+		for _, cidr := range p.nodePortCIDRs {
+			services = append(services, newRule(addrMatch{p: cidr}, fibLocal{}, vmapLookup{set: mapServiceNodePorts}))
+			nodePortChecks = append(nodePortChecks, newRule(addrMatch{p: cidr}, vmapLookup{set: mapNoEndpointNodePorts}))
+		}
+	}
+
+	chains := []*chain{
+		// Source ranges are checked before DNAT, on the load balancer IP.
+		base(chainFilterPrerouting, "filter", "prerouting", prioPreDNAT, newRule(newCT, jump(chainFirewallCheck))),
+		base(chainFilterInput, "filter", "input", prioPreDNAT,
+			newRule(newCT, jump(chainNodePortEndpoints)),
+			newRule(newCT, jump(chainServiceEndpoints))),
+		base(chainFilterForward, "filter", "forward", prioPreDNAT, forward...),
+		base(chainFilterOutput, "filter", "output", prioPreDNAT, newRule(newCT, jump(chainFirewallCheck))),
+		// The node's own traffic is checked after DNAT: traffic the
+		// external chain short-circuits (eTP Local) has a new destination
+		// by then, as on the forward path.
+		base(chainFilterOutputPost, "filter", "output", prioPostDNAT,
+			newRule(newCT, jump(chainServiceEndpoints)),
+			newRule(newCT, jump(chainClusterIPsCheck))),
+		base(chainNATPrerouting, "nat", "prerouting", prioDNAT, newRule(jump(chainServices))),
+		base(chainNATOutput, "nat", "output", prioDNAT, newRule(jump(chainServices))),
+		base(chainNATPostrouting, "nat", "postrouting", prioSNAT, newRule(jump(chainMasquerading))),
+		{name: chainServices, rules: services},
+		{name: chainMasquerading, rules: []rule{
+			newRule(markClear{p.mark}, verdictOf(verdictReturn)),
+			// Clear the mark so that a packet that traverses the stack
+			// again (a tunnel, a bridge) is not masqueraded twice.
+			newRule(markSet{xor: true, mark: p.mark}),
+			newRule(masquerade{fullyRandom: p.randomFully}),
+		}},
+		{name: chainMarkMasq, rules: []rule{newRule(markSet{mark: p.mark})}},
+		{name: chainServiceEndpoints, rules: []rule{newRule(vmapLookup{withAddr: true, set: mapNoEndpointServices})}},
+		{name: chainNodePortEndpoints, rules: nodePortChecks},
+		{name: chainReject, rules: []rule{
+			// A TCP reset refuses at once; an ICMPv6 error for a SYN
+			// reaches the socket a second late (see internal/nstest).
+			newRule(protoMatch{protoTCP}, reject{tcpReset: true}),
+			newRule(reject{}),
+		}},
+		{name: chainFirewallCheck, rules: []rule{newRule(vmapLookup{withAddr: true, set: mapFirewallIPs})}},
+		// What is still addressed to a ClusterIP after DNAT is for a port
+		// the Service does not have: refuse it, as kube-proxy's nftables
+		// mode, rather than route it out.
+		{name: chainClusterIPsCheck, rules: []rule{newRule(setMatch{set: setClusterIPs}, goTo(chainReject))}},
+	}
+	return chains, sets
+}
+
+// fragment is what one Service contributes: its own chains and affinity
+// sets, and its elements in the shared maps and sets.
+type fragment struct {
+	chains []*chain
+	sets   []*set
+	elems  []elemRef
+}
+
+// elemRef is an element of a shared map or set.
+type elemRef struct {
+	set string
+	element
+}
+
+// elemID identifies an element across the table.
+type elemID struct {
+	set string
+	key elemKey
+}
+
+func (r elemRef) id() elemID { return elemID{set: r.set, key: r.key} }
+
+// buildService returns plan's fragment.
+func buildService(p *params, plan *svcPlan) *fragment {
+	fr := &fragment{}
+	seen := map[elemID]bool{}
+	add := func(set string, key elemKey, v verdict) {
+		r := elemRef{set: set, element: element{key: key, verdict: v}}
+		if !seen[r.id()] {
+			seen[r.id()] = true
+			fr.elems = append(fr.elems, r)
+		}
+	}
+	add(setClusterIPs, elemKey{addr: plan.clusterIP}, verdict{})
+	for i := range plan.ports {
+		buildPort(p, plan, &plan.ports[i], fr, add)
+	}
+	return fr
+}
+
+func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(string, elemKey, verdict)) {
+	key := func(a netip.Addr) elemKey { return elemKey{addr: a, proto: pp.proto, port: pp.port} }
+
+	var internalFilter, externalFilter verdict
+	if !pp.hasEndpoints {
+		// No endpoint anywhere: reject, so clients fail fast.
+		internalFilter, externalFilter = goTo(chainReject), goTo(chainReject)
+	} else {
+		// Endpoints exist but not on this node (policy Local): drop, so
+		// the client retries or the load balancer's health check moves
+		// traffic elsewhere, rather than seeing the service as down.
+		if !pp.hasInternalEndpoints {
+			internalFilter = verdictOf(verdictDrop)
+		}
+		if !pp.hasExternalEndpoints {
+			externalFilter = verdictOf(verdictDrop)
+		}
+	}
+
+	if pp.hasInternalEndpoints {
+		add(mapServiceIPs, key(plan.clusterIP), goTo(pp.internalChain))
+	} else {
+		add(mapNoEndpointServices, key(plan.clusterIP), internalFilter)
+	}
+	for _, ip := range plan.externalIPs {
+		if pp.hasEndpoints {
+			add(mapServiceIPs, key(ip), goTo(pp.extChain))
+		}
+		if !pp.hasExternalEndpoints {
+			// Traffic the external chain did not short-circuit ends here.
+			add(mapNoEndpointServices, key(ip), externalFilter)
+		}
+	}
+	for _, ip := range plan.lbIPs {
+		if pp.hasEndpoints {
+			add(mapServiceIPs, key(ip), goTo(pp.extChain))
+		}
+		if pp.usesFWChain {
+			add(mapFirewallIPs, key(ip), goTo(pp.fwChain))
+		}
+		if !pp.hasExternalEndpoints {
+			add(mapNoEndpointServices, key(ip), externalFilter)
+		}
+	}
+	if pp.nodePort != 0 {
+		np := elemKey{proto: pp.proto, port: pp.nodePort}
+		if pp.hasEndpoints {
+			// NodePorts are not subject to loadBalancerSourceRanges, as
+			// upstream: a load balancer may deliver to them.
+			add(mapServiceNodePorts, np, goTo(pp.extChain))
+		}
+		if !pp.hasExternalEndpoints {
+			add(mapNoEndpointNodePorts, np, externalFilter)
+		}
+	}
+
+	// Internal traffic: masquerade what does not come from a local pod,
+	// so that replies from an endpoint on another node come back through
+	// this node (a ClusterIP route pointed at any node works).
+	var internalMasq []rule
+	if pp.hasInternalEndpoints {
+		match := []rexpr{addrMatch{p: netip.PrefixFrom(plan.clusterIP, plan.clusterIP.BitLen())}, dportMatch{proto: pp.proto, port: pp.port}}
+		switch {
+		case p.masqueradeAll:
+			internalMasq = append(internalMasq, newRule(append(match, jump(chainMarkMasq))...))
+		case p.localCIDR.IsValid():
+			internalMasq = append(internalMasq, newRule(append(match, addrMatch{src: true, neg: true, p: p.localCIDR}, jump(chainMarkMasq))...))
+		}
+	}
+
+	if pp.usesExternalChain {
+		ext := &chain{name: pp.extChain}
+		if !plan.externalLocal {
+			// Endpoints may be on other nodes: masquerade so replies
+			// return through this node.
+			ext.rules = append(ext.rules, newRule(jump(chainMarkMasq)))
+		} else {
+			// Local endpoints only: keep the client's address. Pods and
+			// the node itself reaching an external address take the
+			// Cluster path, as if they had gone out to the load
+			// balancer and come back.
+			if p.localCIDR.IsValid() {
+				ext.rules = append(ext.rules, newRule(addrMatch{src: true, p: p.localCIDR}, goTo(pp.svcChain)))
+			}
+			// The node's own traffic has a local (often the external)
+			// source address, which an endpoint could not answer.
+			ext.rules = append(ext.rules,
+				newRule(fibLocal{src: true}, jump(chainMarkMasq)),
+				newRule(fibLocal{src: true}, goTo(pp.svcChain)))
+		}
+		if pp.hasExternalEndpoints {
+			ext.rules = append(ext.rules, newRule(goTo(pp.externalPolicyChain)))
+		}
+		fr.chains = append(fr.chains, ext)
+	}
+
+	if pp.usesFWChain {
+		// Everything not from an allowed source is dropped, before DNAT
+		// (chain firewall-check, filter-prerouting and filter-output). One
+		// "!=" per range rather than an anonymous set: anonymous sets are
+		// what makes large commits quadratic.
+		var exprs []rexpr
+		allowFromNode := false
+		for _, cidr := range plan.sourceRanges {
+			exprs = append(exprs, addrMatch{src: true, neg: true, p: cidr})
+			for _, ip := range p.nodeIPs {
+				allowFromNode = allowFromNode || cidr.Contains(ip)
+			}
+		}
+		if allowFromNode {
+			// A VIP-style load balancer IP is often local to the node:
+			// the node's own requests to it loop back with the LB IP as
+			// source and must be let in when the node itself is allowed.
+			for _, ip := range plan.lbIPs {
+				exprs = append(exprs, addrMatch{src: true, neg: true, p: netip.PrefixFrom(ip, ip.BitLen())})
+			}
+		}
+		fr.chains = append(fr.chains, &chain{name: pp.fwChain, rules: []rule{newRule(append(exprs, verdictOf(verdictDrop))...)}})
+	}
+
+	if pp.usesClusterChain {
+		c := &chain{name: pp.svcChain}
+		if pp.internalChain == pp.svcChain {
+			c.rules = append(c.rules, internalMasq...)
+		}
+		c.rules = endpointRules(plan, c.rules, pp.clusterEps)
+		fr.chains = append(fr.chains, c)
+	}
+	if pp.usesLocalChain {
+		c := &chain{name: pp.svlChain}
+		if pp.internalChain == pp.svlChain {
+			c.rules = append(c.rules, internalMasq...)
+		}
+		c.rules = endpointRules(plan, c.rules, pp.localEps)
+		fr.chains = append(fr.chains, c)
+	}
+
+	for _, ep := range pp.allEps {
+		c := &chain{name: ep.chain}
+		// Hairpin: a pod reaching itself through the service must be
+		// masqueraded, or it would answer itself directly.
+		c.rules = append(c.rules, newRule(addrMatch{src: true, p: netip.PrefixFrom(ep.addr, ep.addr.BitLen())}, jump(chainMarkMasq)))
+		if ep.affinitySet != "" {
+			c.rules = append(c.rules, newRule(setUpdate{set: ep.affinitySet}))
+			fr.sets = append(fr.sets, &set{name: ep.affinitySet, key: keyAddr, timeout: time.Duration(plan.affinity) * time.Second})
+		}
+		c.rules = append(c.rules, newRule(protoMatch{pp.proto}, dnatTo{addr: ep.addr, port: ep.port}))
+		fr.chains = append(fr.chains, c)
+	}
+}
+
+// endpointRules appends the rules of a service or local chain: affinity
+// first (a client seen recently goes back to its endpoint), then the
+// random choice as a cascade: rule i of n matches with probability
+// 1/(n-i), which gives each endpoint 1/n overall, and the last is
+// unconditional.
+func endpointRules(plan *svcPlan, rules []rule, eps []epPlan) []rule {
+	if plan.affinity > 0 {
+		for _, ep := range eps {
+			rules = append(rules, newRule(setMatch{src: true, set: ep.affinitySet}, goTo(ep.chain)))
+		}
+	}
+	n := len(eps)
+	for i, ep := range eps {
+		if i < n-1 {
+			rules = append(rules, newRule(numgenZero{mod: uint32(n - i)}, goTo(ep.chain)))
+			continue
+		}
+		rules = append(rules, newRule(goTo(ep.chain)))
+	}
+	return rules
+}

@@ -1,0 +1,44 @@
+package nftables
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestConfigValidate(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		cfg  func(*Config)
+		want string // substring of the error; "" for valid
+	}{
+		{name: "defaults", cfg: func(*Config) {}},
+		{name: "test config", cfg: func(c *Config) { *c = testConfig(IPv6) }},
+		{name: "family", cfg: func(c *Config) { c.Family = 5 }, want: "family"},
+		{name: "mark bit", cfg: func(c *Config) { c.MasqueradeBit = 32 }, want: "masquerade bit"},
+		{name: "local mode", cfg: func(c *Config) { c.LocalMode = "Interface" }, want: "local mode"},
+		{name: "cluster CIDR missing", cfg: func(c *Config) { c.LocalMode = LocalClusterCIDR; c.ClusterCIDRs = []string{"fd00::/64"} }, want: "none of family"},
+		{name: "two cluster CIDRs", cfg: func(c *Config) {
+			c.LocalMode = LocalClusterCIDR
+			c.ClusterCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12"}
+		}, want: "more than one"},
+		{name: "loopback NodePorts", cfg: func(c *Config) { c.NodePortAddresses = []string{"127.0.0.0/8"} }, want: "loopback"},
+		{name: "all NodePorts", cfg: func(c *Config) { c.NodePortAddresses = []string{"0.0.0.0/0", "::/0"} }},
+		{name: "node IP", cfg: func(c *Config) { c.NodeIPs = []string{"node"} }, want: "nodeIPs"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig(IPv4)
+			tt.cfg(&cfg)
+			err := cfg.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate: %v", err)
+			case tt.want != "" && (!errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate = %v, want ErrInvalidConfig mentioning %q", err, tt.want)
+			}
+			if _, err := New(cfg); (err == nil) != (tt.want == "") {
+				t.Errorf("New error %v", err)
+			}
+		})
+	}
+}

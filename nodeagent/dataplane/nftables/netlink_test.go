@@ -1,0 +1,104 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// message is one decoded netlink message of a batch.
+type message struct {
+	typ, flags uint16
+	seq        uint32
+	attrs      []attr
+}
+
+func decodeBatch(t *testing.T, buf []byte) []message {
+	t.Helper()
+	var out []message
+	for len(buf) > 0 {
+		l := int(binary.NativeEndian.Uint32(buf))
+		if l < nlmsgHdrLen+nfgenLen || l > len(buf) {
+			t.Fatalf("bad message length %d", l)
+		}
+		out = append(out, message{
+			typ: binary.NativeEndian.Uint16(buf[4:]), flags: binary.NativeEndian.Uint16(buf[6:]),
+			seq: binary.NativeEndian.Uint32(buf[8:]), attrs: parseAttrs(buf[nlmsgHdrLen+nfgenLen : l]),
+		})
+		buf = buf[nlmsgAlign(l):]
+	}
+	return out
+}
+
+// TestEncodeBatchFraming checks the batch: BEGIN, the operations with
+// consecutive sequence numbers, only the last asking an acknowledgement,
+// END; and the operation of each message known for error reports.
+func TestEncodeBatchFraming(t *testing.T) {
+	st := fullState(newTable(t, testNode(), clusterIPTwoEndpoints(), nodePortService()), testConfig(IPv4))
+	tx := fullTransaction(st, nil, true)
+	b, err := encodeBatch(tx, IPv4, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := decodeBatch(t, b.buf)
+	if msgs[0].typ != unix.NFNL_MSG_BATCH_BEGIN || msgs[len(msgs)-1].typ != unix.NFNL_MSG_BATCH_END {
+		t.Fatalf("batch not framed by BEGIN and END")
+	}
+	ops := msgs[1 : len(msgs)-1]
+	if len(ops) != len(b.msgOp) || b.first != 101 || b.last != b.first+uint32(len(ops))-1 {
+		t.Fatalf("%d messages, msgOp %d, first %d, last %d", len(ops), len(b.msgOp), b.first, b.last)
+	}
+	for i, m := range ops {
+		if m.seq != b.first+uint32(i) {
+			t.Fatalf("message %d has seq %d, want %d", i, m.seq, b.first+uint32(i))
+		}
+		if ack := m.flags&unix.NLM_F_ACK != 0; ack != (i == len(ops)-1) {
+			t.Errorf("message %d asks an ack: %v", i, ack)
+		}
+		if m.typ>>8 != unix.NFNL_SUBSYS_NFTABLES {
+			t.Errorf("message %d is not for nf_tables: %#x", i, m.typ)
+		}
+	}
+	if got := tx.ops[b.msgOp[len(ops)-1]].kind; got != opAddElements {
+		t.Errorf("last message's operation is %d, want the elements", got)
+	}
+}
+
+// TestEncodeElementsSplit checks that a long element list is split over
+// messages whose list attribute stays under 64 KiB (its length field is 16
+// bits), with every element present and each message's offsets locating
+// its elements.
+func TestEncodeElementsSplit(t *testing.T) {
+	s := &set{name: mapServiceIPs, key: keyAddrProtoPort, vmap: true}
+	o := op{kind: opAddElements, set: s}
+	for i := range 5000 {
+		o.elems = append(o.elems, element{key: elemKey{addr: mustAddr(addrAt("10.96.0.0", i)), proto: protoTCP, port: 80},
+			verdict: goTo("service-XXXXXXXX-ns/some-rather-long-service-name/tcp/http")})
+	}
+	b, err := encodeBatch(&transaction{ops: []op{o}}, IPv4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := decodeBatch(t, b.buf)
+	total := 0
+	for i, m := range msgs[1 : len(msgs)-1] {
+		n := 0
+		for _, a := range m.attrs {
+			if a.typ == unix.NFTA_SET_ELEM_LIST_ELEMENTS {
+				if len(a.data)+nlaHdrLen >= 1<<16 {
+					t.Errorf("message %d: element list of %d bytes overflows its length", i, len(a.data))
+				}
+				n = len(parseAttrs(a.data))
+			}
+		}
+		em, ok := b.elems[i]
+		if !ok || len(em.offsets) != n || em.first != total {
+			t.Errorf("message %d: %d elements, index %+v", i, n, em)
+		}
+		total += n
+	}
+	if total != len(o.elems) || len(msgs) < 4 {
+		t.Fatalf("%d elements in %d messages, want %d in several", total, len(msgs)-2, len(o.elems))
+	}
+}

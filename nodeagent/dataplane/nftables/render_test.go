@@ -1,0 +1,164 @@
+package nftables
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current renderer")
+
+// TestGolden renders each case's ruleset (what a full sync programs, as
+// an nft table block) and compares it with testdata/<case>.golden. Run
+// with -update to accept a change, then read the diff: it is the ruleset
+// change under review. TestKernelNetlinkMatchesNFT proves the kernel gets
+// the same rules over netlink.
+func TestGolden(t *testing.T) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := c.config()
+			tbl := newTable(t, testNode(), c.services()...)
+			got := rulesetText(fullState(tbl, cfg), c.family)
+			path := filepath.Join("testdata", c.name+".golden")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("reading golden (run with -update to create it): %v", err)
+			}
+			if got != string(want) {
+				t.Errorf("ruleset differs from %s (run with -update and review the diff):\n%s", path, lineDiff(string(want), got))
+			}
+			// The kernel model must accept the full sync: every reference
+			// exists, every statement is allowed where it is reached.
+			k := newFakeKernel(c.family)
+			d := newDataplane(cfg, k)
+			if err := d.Sync(context.Background(), tbl, nil, true); err != nil {
+				t.Fatalf("Sync: %v", err)
+			}
+			if d.Ruleset() != got {
+				t.Errorf("Dataplane.Ruleset differs from the golden's ruleset")
+			}
+		})
+	}
+}
+
+// TestRenderDeterministic checks that building twice, with Services in a
+// different order, gives the same ruleset and the same transaction.
+func TestRenderDeterministic(t *testing.T) {
+	all := allCaseServices()
+	rev := make([]*pb.Service, len(all))
+	for i, s := range all {
+		rev[len(all)-1-i] = s
+	}
+	cfg := testConfig(IPv4)
+	a, b := fullState(newTable(t, testNode(), all...), cfg), fullState(newTable(t, testNode(), rev...), cfg)
+	if x, y := rulesetText(a, IPv4), rulesetText(b, IPv4); x != y {
+		t.Fatalf("ruleset depends on input order:\n%s", lineDiff(x, y))
+	}
+	if x, y := fullTransaction(a, nil, true).text(IPv4), fullTransaction(b, nil, true).text(IPv4); x != y {
+		t.Fatalf("transaction depends on input order:\n%s", lineDiff(x, y))
+	}
+}
+
+// TestNames pins the naming scheme to kube-proxy's nftables mode: the same
+// service port gets the same chain name, so operators can correlate.
+func TestNames(t *testing.T) {
+	// kube-proxy's proxier.go documents these two examples.
+	if got := portNameBase("ns1/svc1", "tcp", "p80"); got != "ULMVA6XW-ns1/svc1/tcp/p80" {
+		t.Errorf("service port base = %s, want ULMVA6XW-ns1/svc1/tcp/p80", got)
+	}
+	if got := endpointNameBase("ns1/svc1", "tcp", "p80", "10.180.0.1", 80); got != "5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80" {
+		t.Errorf("endpoint base = %s, want 5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80", got)
+	}
+	if got := endpointNameBase("ns", "s", "tcp", "fd00::1", 80); strings.Contains(got, ":") {
+		t.Errorf("IPv6 endpoint name %s holds a colon", got)
+	}
+	long := strings.Repeat("n", 63) + "/" + strings.Repeat("s", 63)
+	name := prefixAffinitySet + affinityNameBase(long, "sctp", strings.Repeat("p", 63), "fd00:1111:2222:3333:4444:5555:6666:7777", 65535, 86400)
+	if len(name) > nameMax {
+		t.Errorf("longest affinity set name is %d characters, over nf_tables' %d", len(name), nameMax)
+	}
+	for _, n := range []string{chainServices, chainFilterForward, mapServiceIPs, setClusterIPs} {
+		if isServiceObject(n) {
+			t.Errorf("isServiceObject(%s) = true: full syncs would treat it as a Service's", n)
+		}
+	}
+}
+
+// TestFamilyFiltering checks that each family's ruleset holds only its own
+// addresses, and that a Service without a cluster IP of the family is not
+// programmed at all.
+func TestFamilyFiltering(t *testing.T) {
+	v6only := svc("ns", "v6only", "fd00:96::200")
+	v6only.Ports = []*pb.ServicePort{port("", tcp, 80, 30200, true)}
+	v6only.ClusterEndpoints = []*pb.PortEndpoints{eps("", "[fd00:244:2::20]:80")}
+	tbl := newTable(t, testNode(), dualStackService(), v6only)
+
+	v4 := rulesetText(fullState(tbl, testConfig(IPv4)), IPv4)
+	v6 := rulesetText(fullState(tbl, testConfig(IPv6)), IPv6)
+	for _, s := range []string{"fd00:", "ns/v6only", "ip6 "} {
+		if strings.Contains(v4, s) {
+			t.Errorf("IPv4 ruleset mentions %q:\n%s", s, v4)
+		}
+	}
+	for _, s := range []string{"10.96.", "10.244.", "127.0.0.0/8", "ip saddr", "ip daddr"} {
+		if strings.Contains(v6, s) {
+			t.Errorf("IPv6 ruleset mentions %q:\n%s", s, v6)
+		}
+	}
+	if !strings.Contains(v6, "dnat to [fd00:244:1::10]:8080") || !strings.Contains(v6, "ip6 daddr != ::1") {
+		t.Errorf("IPv6 ruleset lacks bracketed DNAT target or loopback exclusion:\n%s", v6)
+	}
+}
+
+// TestEndpointCascade checks the random choice: rule i of n matches with
+// probability 1/(n-i), so each endpoint gets 1/n, and the last rule is
+// unconditional.
+func TestEndpointCascade(t *testing.T) {
+	s := svc("ns", "four", "10.96.0.4")
+	s.Ports = []*pb.ServicePort{port("", tcp, 80, 0, true)}
+	s.ClusterEndpoints = []*pb.PortEndpoints{eps("", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80")}
+	st := fullState(newTable(t, testNode(), s), testConfig(IPv4))
+	var c *chain
+	for _, ch := range st.services["ns/four"].chains {
+		if strings.HasPrefix(ch.name, prefixClusterPolicyChain) {
+			c = ch
+		}
+	}
+	if c == nil {
+		t.Fatal("no service chain")
+	}
+	// The masquerade rule, then the cascade.
+	probability, remaining := 0.0, 1.0
+	var got []float64
+	for _, r := range c.rules[1:] {
+		switch e := r.exprs[0].(type) {
+		case numgenZero:
+			probability = 1 / float64(e.mod)
+		case verdict:
+			probability = 1
+		default:
+			t.Fatalf("unexpected rule %s", r.String(IPv4))
+		}
+		got = append(got, remaining*probability)
+		remaining *= 1 - probability
+	}
+	if len(got) != 4 {
+		t.Fatalf("cascade has %d rules, want 4", len(got))
+	}
+	for i, p := range got {
+		if p < 0.2499 || p > 0.2501 {
+			t.Errorf("endpoint %d gets %.4f, want 0.25", i, p)
+		}
+	}
+}

@@ -1,0 +1,497 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+// syncer drives a Dataplane over a fake kernel through a series of tables,
+// computing the changed keys the way proxytable.Apply reports them.
+type syncer struct {
+	t    *testing.T
+	cfg  Config
+	k    *fakeKernel
+	d    *Dataplane
+	prev *proxytable.Table
+}
+
+func newSyncer(t *testing.T, cfg Config) *syncer {
+	t.Helper()
+	k := newFakeKernel(cfg.Family)
+	return &syncer{t: t, cfg: cfg, k: k, d: newDataplane(cfg, k), prev: proxytable.Empty()}
+}
+
+// sync programs services, fully or as a delta from the previous table,
+// and returns the transaction run (nil for none) and the error.
+func (s *syncer) sync(full bool, services ...*pb.Service) (*transaction, error) {
+	s.t.Helper()
+	return s.syncNode(full, testNode(), services...)
+}
+
+func (s *syncer) syncNode(full bool, node *pb.NodeInfo, services ...*pb.Service) (*transaction, error) {
+	s.t.Helper()
+	next := newTable(s.t, node, services...)
+	changed := changedKeys(s.prev, next)
+	n := len(s.k.runs)
+	err := s.d.Sync(context.Background(), next, changed, full)
+	if err == nil {
+		s.prev = next
+	}
+	if len(s.k.runs) == n {
+		return nil, err
+	}
+	return s.k.runs[len(s.k.runs)-1], err
+}
+
+func changedKeys(prev, next *proxytable.Table) []string {
+	var changed []string
+	for k, e := range next.Entries {
+		if old, ok := prev.Entries[k]; !ok || old.GetHash() != e.GetHash() {
+			changed = append(changed, k)
+		}
+	}
+	for k := range prev.Entries {
+		if _, ok := next.Entries[k]; !ok {
+			changed = append(changed, k)
+		}
+	}
+	slices.Sort(changed)
+	return changed
+}
+
+// mustSync is sync that fails the test on error; it returns the
+// transaction's nft text ("" for none).
+func (s *syncer) mustSync(full bool, services ...*pb.Service) string {
+	s.t.Helper()
+	tx, err := s.sync(full, services...)
+	if err != nil {
+		s.t.Fatalf("Sync(full=%v): %v", full, err)
+	}
+	if tx == nil {
+		return ""
+	}
+	return tx.text(s.cfg.Family)
+}
+
+// assertKernelLikeFullSync checks that the fake kernel holds exactly what
+// a full sync of the current table into an empty kernel gives: partial
+// syncs must converge to the same ruleset.
+func (s *syncer) assertKernelLikeFullSync() {
+	s.t.Helper()
+	ref := newFakeKernel(s.cfg.Family)
+	if err := newDataplane(s.cfg, ref).Sync(context.Background(), s.prev, nil, true); err != nil {
+		s.t.Fatalf("reference Sync: %v", err)
+	}
+	if got, want := s.k.dump(), ref.dump(); got != want {
+		s.t.Fatalf("kernel differs from a full sync of the same table:\n%s", lineDiff(want, got))
+	}
+}
+
+func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	others := scaleServices(20, 2)
+	web := clusterIPTwoEndpoints()
+	s.mustSync(true, append(others, web)...)
+
+	// One endpoint replaced: the map elements stay the same.
+	web2 := clusterIPTwoEndpoints()
+	web2.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", remoteEP2+":8080")}
+	data := s.mustSync(false, append(others, web2)...)
+
+	base := portNameBase("ns/web", "tcp", "http")
+	oldEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", remoteEP, 8080)
+	newEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", remoteEP2, 8080)
+	keptEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", localEP, 8080)
+	want := []string{
+		"flush chain ip proxyplane " + prefixClusterPolicyChain + base,
+		"flush chain ip proxyplane " + oldEP,
+		"delete chain ip proxyplane " + oldEP,
+		"add chain ip proxyplane " + newEP,
+		"add rule ip proxyplane " + prefixClusterPolicyChain + base + " ",
+		"add rule ip proxyplane " + newEP + " ",
+	}
+	for _, w := range want {
+		if !strings.Contains(data, w) {
+			t.Errorf("partial sync lacks %q:\n%s", w, data)
+		}
+	}
+	for _, unwanted := range []string{"element", "chain ip proxyplane " + keptEP, "rule ip proxyplane " + keptEP, "ns/svc-", "services", "table"} {
+		if strings.Contains(data, unwanted) {
+			t.Errorf("endpoint-only change wrote %q:\n%s", unwanted, data)
+		}
+	}
+	if s.k.lists != 1 {
+		t.Errorf("the kernel was listed %d times, want once (first full sync only)", s.k.lists)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestPartialSyncAddAndRemove(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	others := scaleServices(5, 2)
+	s.mustSync(true, others...)
+
+	// Add: its chains and elements, nothing of the others.
+	data := s.mustSync(false, append(others, nodePortService())...)
+	for _, w := range []string{"add element ip proxyplane service-ips { 10.96.0.20 . tcp . 80 : goto service-",
+		"add element ip proxyplane service-nodeports { tcp . 30080 : goto external-", "add element ip proxyplane cluster-ips { 10.96.0.20 }"} {
+		if !strings.Contains(data, w) {
+			t.Errorf("adding a service lacks %q:\n%s", w, data)
+		}
+	}
+	if strings.Contains(data, "ns/svc-") || strings.Contains(data, "flush") {
+		t.Errorf("adding a service touched others:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+
+	// Remove: elements first, then its chains flushed and deleted.
+	data = s.mustSync(false, others...)
+	np := portNameBase("ns/np", "tcp", "")
+	lines := strings.Split(data, "\n")
+	firstDelete := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "delete chain") })
+	lastElement := -1
+	for i, l := range lines {
+		if strings.HasPrefix(l, "delete element") {
+			lastElement = i
+		}
+	}
+	if firstDelete < 0 || lastElement < 0 || lastElement > firstDelete {
+		t.Errorf("removal must delete elements before chains:\n%s", data)
+	}
+	for _, c := range []string{prefixClusterPolicyChain + np, prefixExternalChain + np} {
+		if !strings.Contains(data, "delete chain ip proxyplane "+c+"\n") {
+			t.Errorf("removal does not delete %s:\n%s", c, data)
+		}
+	}
+	s.assertKernelLikeFullSync()
+	if strings.Contains(s.k.dump(), np) {
+		t.Errorf("removed service's chains still in the kernel:\n%s", s.k.dump())
+	}
+}
+
+func TestPartialSyncLosingEndpointsRejects(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, clusterIPTwoEndpoints(), nodePortService())
+	gone := clusterIPTwoEndpoints()
+	gone.Ports[0].HasEndpoints = false
+	gone.ClusterEndpoints = nil
+	data := s.mustSync(false, gone, nodePortService())
+	if !strings.Contains(data, "add element ip proxyplane no-endpoint-services { 10.96.0.10 . tcp . 80 : goto reject-chain }") ||
+		!strings.Contains(data, "delete element ip proxyplane service-ips { 10.96.0.10 . tcp . 80 }") {
+		t.Errorf("service losing its endpoints did not move to no-endpoint-services:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, dualStackService())
+	v6changed := dualStackService()
+	v6changed.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", "[fd00:244:3::10]:8080")}
+	tx, err := s.sync(false, v6changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tx != nil && !tx.empty() {
+		t.Errorf("an IPv6-only change made the IPv4 dataplane write:\n%s", tx.text(IPv4))
+	}
+}
+
+// TestFullSyncReplacesLeftovers checks the first full sync of a process:
+// it lists the table and deletes what it does not use, and recreates base
+// chains and shared maps (a table of another version may differ).
+func TestFullSyncReplacesLeftovers(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	leftovers := &transaction{}
+	old := &chain{name: "service-OLDOLDOL-ns/old/tcp/http", rules: []rule{newRule(verdictOf(verdictDrop))}}
+	oldSet := &set{name: "affinity-OLDOLDOL-ns/old/tcp/http__10.0.0.1/80/60s", key: keyAddr, timeout: 60e9}
+	oldBase := &chain{name: chainNATPrerouting, hook: &baseHook{typ: "nat", hook: "prerouting", priority: -150}}
+	ips := &set{name: mapServiceIPs, key: keyAddrProtoPort, vmap: true}
+	leftovers.add(op{kind: opAddTable}, op{kind: opAddChain, chain: old}, op{kind: opAddRule, name: old.name, rule: &old.rules[0]},
+		op{kind: opAddSet, set: oldSet}, op{kind: opAddChain, chain: oldBase}, op{kind: opAddSet, set: ips},
+		op{kind: opAddElements, set: ips, elems: []element{{key: elemKey{addr: mustAddr("10.96.9.9"), proto: protoTCP, port: 80}, verdict: goTo(old.name)}}})
+	if err := s.k.Run(context.Background(), leftovers); err != nil {
+		t.Fatal(err)
+	}
+	data := s.mustSync(true, clusterIPTwoEndpoints())
+	for _, w := range []string{"delete chain ip proxyplane " + old.name, "delete set ip proxyplane " + oldSet.name,
+		"delete chain ip proxyplane nat-prerouting", "delete map ip proxyplane service-ips"} {
+		if !strings.Contains(data, w+"\n") {
+			t.Errorf("first full sync lacks %q:\n%s", w, data)
+		}
+	}
+	if s.k.lists != 1 {
+		t.Errorf("listed %d times, want 1", s.k.lists)
+	}
+	s.assertKernelLikeFullSync()
+
+	// A later full sync knows the kernel: no listing, no recreation.
+	data = s.mustSync(true, nodePortService())
+	if s.k.lists != 1 || strings.Contains(data, "delete chain ip proxyplane nat-prerouting") {
+		t.Errorf("second full sync listed the kernel or recreated base chains:\n%s", data)
+	}
+	if !strings.Contains(data, "delete chain ip proxyplane "+prefixClusterPolicyChain+portNameBase("ns/web", "tcp", "http")) {
+		t.Errorf("full sync does not delete the removed service's chain:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+// TestFullSyncKeepsAffinitySets checks that full syncs neither delete nor
+// flush the affinity sets that stay: clients keep their endpoints.
+func TestFullSyncKeepsAffinitySets(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, affinityService())
+	set := affinitySet("ns/sticky", "http", remoteEP+":8080")
+	s.k.table.sets[set].elems[elemKey{addr: mustAddr(localPod)}] = verdict{} // a client seen
+	data := s.mustSync(true, affinityService())
+	if strings.Contains(data, "set ip proxyplane "+set) && !strings.Contains(data, "add set ip proxyplane "+set) {
+		t.Errorf("full sync touched the affinity set:\n%s", data)
+	}
+	if _, ok := s.k.table.sets[set].elems[elemKey{addr: mustAddr(localPod)}]; !ok {
+		t.Errorf("full sync lost the affinity entry")
+	}
+	// A new timeout is a new set; the old one goes.
+	longer := affinityService()
+	longer.SessionAffinity.TimeoutSeconds = 1200
+	s.mustSync(false, longer)
+	if _, ok := s.k.table.sets[set]; ok {
+		t.Errorf("affinity set of the old timeout survives")
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
+	var failures []bool
+	cfg := testConfig(IPv4)
+	cfg.OnTransactionFailure = func(partial bool) { failures = append(failures, partial) }
+	s := newSyncer(t, cfg)
+	base := scaleServices(3, 2)
+	s.mustSync(true, base...)
+	before := s.k.dump()
+
+	s.k.fail = func(tx *transaction) error {
+		for _, o := range tx.ops {
+			if o.owner == "ns/np" && o.kind == opAddRule {
+				return &TransactionError{Family: IPv4, Op: o.text(IPv4), Key: o.owner, Errno: syscall.EINVAL, Refused: 1}
+			}
+		}
+		return nil
+	}
+	_, err := s.sync(false, append(base, nodePortService(), noEndpointsService())...)
+	var te *TransactionError
+	if !errors.As(err, &te) || !IsTransactionRefused(err) || !errors.Is(err, syscall.EINVAL) {
+		t.Fatalf("Sync error = %v, want a TransactionError wrapping EINVAL", err)
+	}
+	if !te.Partial || te.Key != "ns/np" || !strings.Contains(err.Error(), "service ns/np") {
+		t.Errorf("TransactionError = %+v (%v), want partial, naming ns/np", te, err)
+	}
+	if st := s.d.Stats(); st.Failures != 1 || st.PartialFailures != 1 || !slices.Equal(failures, []bool{true}) {
+		t.Errorf("failure counters = %+v, callback %v", st, failures)
+	}
+	if s.k.dump() != before {
+		t.Errorf("a refused transaction changed the kernel")
+	}
+	s.k.fail = nil
+
+	// The next call is partial but runs as full, from what is known
+	// (atomic transactions: no need to list), and converges.
+	tx, err := s.sync(false, base...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tx.ops[0].kind != opAddTable || s.k.lists != 1 {
+		t.Errorf("sync after a failure was not a full one from memory (lists %d):\n%s", s.k.lists, tx.text(IPv4))
+	}
+	s.assertKernelLikeFullSync()
+	if st := s.d.Stats(); st.FullSyncs != 2 || st.PartialSyncs != 0 {
+		t.Errorf("stats = %+v, want 2 full syncs", st)
+	}
+}
+
+// TestUnknownOutcomeListsAgain checks that after a transaction whose
+// outcome is unknown (the answer was lost) the next sync lists the table.
+func TestUnknownOutcomeListsAgain(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	s.mustSync(true, clusterIPTwoEndpoints())
+	s.k.fail = func(tx *transaction) error {
+		return &SocketError{Op: "reading the kernel's answer", Sent: true, Err: syscall.ENOBUFS}
+	}
+	if _, err := s.sync(false, clusterIPTwoEndpoints(), nodePortService()); !IsOutcomeUnknown(err) || !IsSocketFailed(err) {
+		t.Fatalf("Sync error = %v, want an unknown outcome", err)
+	}
+	s.k.fail = nil
+	s.mustSync(false, clusterIPTwoEndpoints(), nodePortService())
+	if s.k.lists != 2 {
+		t.Errorf("listed %d times, want 2 (after the unknown outcome)", s.k.lists)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
+	cfg := testConfig(IPv4)
+	cfg.LocalMode = LocalNodeCIDR
+	s := newSyncer(t, cfg)
+	if _, err := s.syncNode(true, testNode(), clusterIPTwoEndpoints()); err != nil {
+		t.Fatal(err)
+	}
+	node := testNode()
+	node.PodCidrs = []string{"10.244.9.0/24"}
+	node.Hash = 8
+	tx, err := s.syncNode(false, node, clusterIPTwoEndpoints())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data := tx.text(IPv4); !strings.Contains(data, "ip saddr != 10.244.9.0/24 jump mark-for-masquerade") || tx.ops[0].kind != opAddTable {
+		t.Errorf("pod CIDR change did not rewrite everything:\n%s", data)
+	}
+	s.assertKernelLikeFullSync()
+}
+
+// TestConflictingServices checks that two Services claiming the same
+// address and port (invalid, but not prevented) never fail a sync: the
+// smaller key wins, and the other takes over when it goes.
+func TestConflictingServices(t *testing.T) {
+	s := newSyncer(t, testConfig(IPv4))
+	a := externalIPService() // ns/ext, 198.51.100.80:80
+	b := proto.CloneOf(a)
+	b.Name, b.ClusterIps = "ext2", []string{"10.96.0.81"}
+	b.ClusterEndpoints = []*pb.PortEndpoints{eps("http", remoteEP2+":8080")}
+	s.mustSync(true, a, b)
+	winner := func() string {
+		for key, v := range s.k.table.sets[mapServiceIPs].elems {
+			if key.addr == mustAddr("198.51.100.80") {
+				return v.chain
+			}
+		}
+		return ""
+	}
+	if w := winner(); !strings.Contains(w, "ns/ext/") {
+		t.Errorf("external IP goes to %s, want ns/ext's chain", w)
+	}
+	s.mustSync(false, b)
+	if w := winner(); !strings.Contains(w, "ns/ext2/") {
+		t.Errorf("after ns/ext went, the external IP goes to %q, want ns/ext2's chain", w)
+	}
+	s.assertKernelLikeFullSync()
+	s.mustSync(false, a, b)
+	s.assertKernelLikeFullSync()
+}
+
+// TestPartialSyncsConverge applies random changes as partial syncs (and
+// every 50th as a full one) and checks after each that the kernel holds
+// what a full sync of the same table into an empty kernel would.
+func TestPartialSyncsConverge(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, family := range []Family{IPv4, IPv6} {
+		t.Run(family.String(), func(t *testing.T) {
+			s := newSyncer(t, testConfig(family))
+			services := map[string]*pb.Service{}
+			s.mustSync(true)
+			for step := range 200 {
+				mutate(rng, services)
+				full := step%50 == 49
+				if _, err := s.sync(full, sortedServices(services)...); err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				s.assertKernelLikeFullSync()
+			}
+		})
+	}
+}
+
+func sortedServices(m map[string]*pb.Service) []*pb.Service {
+	out := make([]*pb.Service, 0, len(m))
+	for _, k := range sortedKeys(m) {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+// mutate makes one random change to services: add, remove, or change a
+// Service's endpoints, policies, addresses or affinity. Services share
+// external addresses now and then, so conflicts are exercised too.
+func mutate(rng *rand.Rand, services map[string]*pb.Service) {
+	name := "s" + strconv.Itoa(rng.IntN(8))
+	n := int(name[1] - '0')
+	s, ok := services[name]
+	if ok {
+		// The previous table holds s: change a copy.
+		s = proto.CloneOf(s)
+		services[name] = s
+	}
+	if !ok || rng.IntN(6) == 0 {
+		if ok && rng.IntN(2) == 0 {
+			delete(services, name)
+			return
+		}
+		s = svc("ns", name, addrAt("10.96.1.0", n+1), "fd00:96::1:"+strconv.Itoa(n+1))
+		s.Ports = []*pb.ServicePort{port("a", tcp, 80, 0, true), port("b", udp, 53, 0, true)}
+		services[name] = s
+	}
+	// Rebuild the endpoint sets from scratch with random choices.
+	pick := func() []string {
+		var out []string
+		for i := range 4 {
+			if rng.IntN(2) == 0 {
+				out = append(out, addrAt("10.244.1.0", 10+i)+":8080", "[fd00:244:1::"+strconv.Itoa(10+i)+"]:8080")
+			}
+		}
+		for i := range 3 {
+			if rng.IntN(2) == 0 {
+				out = append(out, addrAt("10.244.2.0", 10+i)+":8080", "[fd00:244:2::"+strconv.Itoa(10+i)+"]:8080")
+			}
+		}
+		return out
+	}
+	switch rng.IntN(6) {
+	case 0:
+		s.ExternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
+		s.InternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
+	case 1:
+		s.Type = pb.ServiceType_SERVICE_TYPE_LOAD_BALANCER
+		s.LoadBalancerIps = []string{addrAt("198.51.100.0", n+1), "2001:db8::" + strconv.Itoa(n+1)}
+		s.Ports[0].NodePort = int32(30000 + n)
+		if rng.IntN(2) == 0 {
+			s.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "2001:db8:1::/48"}
+		} else {
+			s.LoadBalancerSourceRanges = nil
+		}
+	case 2:
+		if s.SessionAffinity == nil {
+			s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: int32(60 * (1 + rng.IntN(2)))}
+		} else {
+			s.SessionAffinity = nil
+		}
+	case 3:
+		// Shared by two Services at most, as a conflict would be.
+		s.ExternalIps = []string{addrAt("198.51.100.200", n/2), "2001:db8::c8:" + strconv.Itoa(n/2)}
+	}
+	s.ClusterEndpoints, s.LocalEndpoints = nil, nil
+	for _, p := range s.Ports {
+		all := pick()
+		p.HasEndpoints = len(all) > 0
+		if len(all) > 0 {
+			s.ClusterEndpoints = append(s.ClusterEndpoints, eps(p.Name, all...))
+		}
+		var local []string
+		for _, a := range all {
+			if strings.HasPrefix(a, "10.244.1.") || strings.HasPrefix(a, "[fd00:244:1::") {
+				local = append(local, a)
+			}
+		}
+		if len(local) > 0 && (s.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL || s.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL) {
+			s.LocalEndpoints = append(s.LocalEndpoints, eps(p.Name, local...))
+		}
+	}
+}
