@@ -32,7 +32,7 @@ type Options struct {
 	NodeName string
 	// StateDir holds the table cache.
 	StateDir string
-	// ProxyMode selects the dataplane: iptables or ipvs.
+	// ProxyMode selects the dataplane: iptables, nftables or ipvs.
 	ProxyMode string
 	// IPVSScheduler is the IPVS scheduler in ipvs mode.
 	IPVSScheduler string
@@ -59,7 +59,7 @@ type Options struct {
 }
 
 // proxyModes are the dataplanes this build offers.
-var proxyModes = []string{"iptables", "ipvs"}
+var proxyModes = []string{"iptables", "nftables", "ipvs"}
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
@@ -70,8 +70,8 @@ func NewOptions() *Options {
 	return &Options{
 		NodeName: strings.ToLower(name),
 		StateDir: "/var/lib/proxyplane",
-		// The only dataplane built so far; nftables (kube-proxy's
-		// recommended mode) becomes the default when it exists.
+		// kube-proxy's default mode, so replacing it changes nothing
+		// unless asked; nftables is the faster choice (docs/benchmarks.md).
 		ProxyMode: "iptables",
 		// kube-proxy's default scheduler: round robin.
 		IPVSScheduler: "rr",
@@ -93,7 +93,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP.")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name (default: $NODE_NAME, else the hostname).")
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory holding the table cache.")
-	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Dataplane: iptables or ipvs.")
+	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Dataplane: iptables, nftables or ipvs.")
 	fs.StringVar(&o.IPVSScheduler, "ipvs-scheduler", o.IPVSScheduler, "IPVS scheduler in ipvs mode: "+strings.Join(ipvs.Schedulers, ", ")+".")
 	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address serving /healthz and /livez.")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address serving /metrics.")

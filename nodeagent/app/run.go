@@ -26,6 +26,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/nftables"
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -186,6 +187,8 @@ func newDataplane(o *Options, families []iptables.Family) (dataplane.Dataplane, 
 		var dp dataplane.Dataplane
 		var err error
 		switch o.ProxyMode {
+		case "nftables":
+			dp, err = newNFTables(o, family)
 		case "ipvs":
 			dp, err = newIPVS(o, family)
 		default:
@@ -212,6 +215,19 @@ func newIPTables(o *Options, family iptables.Family) (dataplane.Dataplane, error
 		cfg.LocalMode = iptables.LocalNone
 	}
 	return iptables.New(cfg)
+}
+
+func newNFTables(o *Options, family iptables.Family) (dataplane.Dataplane, error) {
+	cfg := nftables.DefaultConfig(nftables.Family(family))
+	cfg.MasqueradeBit = o.MasqueradeBit
+	cfg.OnTransactionFailure = func(bool) { metrics.NFTablesSyncFailuresTotal.Inc() }
+	cfg.LocalMode = nftables.LocalMode(o.DetectLocalMode)
+	cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
+	cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
+	if cfg.LocalMode == nftables.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
+		cfg.LocalMode = nftables.LocalNone
+	}
+	return nftables.New(cfg)
 }
 
 // newIPVS fails at once on a kernel without IPVS, naming what is missing,

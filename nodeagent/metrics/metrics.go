@@ -55,6 +55,13 @@ var (
 		Namespace: "proxyplane_agent", Name: "cache_saved_timestamp_seconds",
 		Help: "When the table cache was last written; its age is time() minus this.",
 	})
+	// NFTablesSyncFailuresTotal is kube-proxy's
+	// sync_proxy_rules_nftables_sync_failures_total: nftables
+	// transactions the kernel refused.
+	NFTablesSyncFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Subsystem: "kubeproxy", Name: "sync_proxy_rules_nftables_sync_failures_total",
+		Help: "nftables transactions that failed.",
+	})
 	// NacksTotal counts table responses the agent rejected.
 	NacksTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "proxyplane_agent", Name: "nacks_total",
@@ -85,6 +92,6 @@ var (
 func Register(r prometheus.Registerer) {
 	r.MustRegister(SyncProxyRulesDuration, SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration,
 		SyncProxyRulesLastTimestamp, NetworkProgrammingDuration, IPTablesRestoreFailuresTotal,
-		Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal,
+		Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal, NFTablesSyncFailuresTotal,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal)
 }
