@@ -82,11 +82,11 @@ clean:
 	rm -rf $(BIN)
 
 # e2e-apiserver runs a real etcd and kube-apiserver in one process on
-# 127.0.0.1 (e2e/cmd/apiserver). It lives in the e2e/ module so that
-# k8s.io/kubernetes stays out of ours. The version must be stamped in, or
+# 127.0.0.1 (e2e/cmd/apiserver). It is a module of its own so that
+# k8s.io/kubernetes stays out of ours and the e2e tests'. The version must be stamped in, or
 # /version reports v0.0.0 and clients gating on it misbehave. A cold build
 # takes minutes and GBs, so tests run this binary rather than link it.
-# Keep E2E_K8S_VERSION equal to k8s.io/kubernetes in e2e/go.mod.
+# Keep E2E_K8S_VERSION equal to k8s.io/kubernetes in e2e/cmd/apiserver/go.mod.
 E2E_K8S_VERSION := v1.36.4
 E2E_K8S_VERSION_WORDS := $(subst ., ,$(patsubst v%,%,$(E2E_K8S_VERSION)))
 E2E_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(E2E_K8S_VERSION) \
@@ -97,8 +97,22 @@ E2E_LDFLAGS := -X k8s.io/component-base/version.gitVersion=$(E2E_K8S_VERSION) \
 .PHONY: e2e-apiserver e2e
 
 e2e-apiserver:
-	cd e2e && go build -ldflags '$(E2E_LDFLAGS)' -o $(BIN)/e2e-apiserver ./cmd/apiserver
+	cd e2e/cmd/apiserver && go build -ldflags '$(E2E_LDFLAGS)' -o $(BIN)/e2e-apiserver .
 
-# e2e runs the end-to-end tests against e2e-apiserver and the built binaries.
-e2e: build e2e-apiserver
-	cd e2e && E2E_APISERVER=$(BIN)/e2e-apiserver go test -count=1 -timeout 30m ./...
+# e2e runs the end-to-end tests (e2e/cluster, and e2e/scenarios on the
+# cluster-in-a-box of e2e/box, as root) against e2e-apiserver and the
+# built binaries; the grpcurl scenario runs the pinned grpcurl.
+e2e: build e2e-apiserver tools
+	cd e2e && E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) go test -count=1 -timeout 30m ./...
+
+# demo is the README's first command: a cluster in a box (e2e/box) with
+# sample Services, running until Ctrl-C, then removed. As root; it installs
+# the OS packages it needs (hack/install-os-deps.sh). grpcurl is built
+# alone, so the demo does not wait for the whole toolchain.
+.PHONY: demo
+demo: build e2e-apiserver
+	@if [ "$$(id -u)" -ne 0 ]; then echo "make demo needs root: it creates network namespaces and programs rules in them (sudo make demo)" >&2; exit 1; fi
+	hack/install-os-deps.sh
+	go -C tools build -o $(BIN)/ github.com/fullstorydev/grpcurl/cmd/grpcurl
+	cd e2e && go build -o $(BIN)/e2e-demo ./cmd/demo
+	E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) $(BIN)/e2e-demo

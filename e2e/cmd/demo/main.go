@@ -1,0 +1,220 @@
+// Command demo runs proxyplane as a cluster in a box until interrupted:
+// the README's first command, `make demo` (as root).
+//
+// It starts e2e/box: a real API server with deploy/ applied, two control
+// plane replicas running as deploy/'s ServiceAccount, a node agent in each
+// of three node namespaces and two backend pods per node. It then creates
+// two sample Services, shows a request through a ClusterIP and a NodePort,
+// prints every node's sync status and the grpcurl commands to watch a
+// table, and waits. Ctrl-C removes everything it created.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/proxyplane/proxyplane/e2e/box"
+	"github.com/proxyplane/proxyplane/internal/nstest"
+)
+
+// startTimeout bounds bringing the box up; the API server alone takes a
+// few seconds, the first tables a few more.
+const startTimeout = 3 * time.Minute
+
+func main() {
+	os.Exit(run())
+}
+
+func run() (code int) {
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "demo: needs root: it creates network namespaces and programs iptables inside them (run `sudo make demo`)")
+		return 1
+	}
+	tb := &programTB{out: os.Stderr}
+	defer func() {
+		if r := recover(); r != nil {
+			stop, ok := r.(stopDemo)
+			if !ok {
+				panic(r)
+			}
+			fmt.Fprintln(os.Stderr, "demo:", stop.msg)
+			code = 1
+		}
+		fmt.Println("\nremoving the box: processes, namespaces and rules ...")
+		tb.runCleanups()
+		if tb.failed {
+			code = 1
+		}
+		fmt.Println("done")
+	}()
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	startCtx, startCancel := context.WithTimeout(ctx, startTimeout)
+	defer startCancel()
+
+	fmt.Println("starting a cluster in a box: API server, deploy/, 2 control planes, 3 node agents ...")
+	b, err := box.Start(startCtx, tb, box.Options{})
+	if err != nil {
+		tb.Errorf("%v", err)
+		return 1
+	}
+	if err := show(startCtx, os.Stdout, b); err != nil {
+		tb.Errorf("%v", err)
+		return 1
+	}
+	fmt.Println("\nrunning; press Ctrl-C to stop and remove everything")
+	<-ctx.Done()
+	return 0
+}
+
+// show creates the sample Services and prints what a user wants to see.
+func show(ctx context.Context, w io.Writer, b *box.Box) error {
+	tp := b.Topology()
+	web, _, err := b.CreateService(ctx, box.NewService("web"), allPods(tp)...)
+	if err != nil {
+		return err
+	}
+	np := box.NewService("web-nodeport")
+	np.Spec.Type = corev1.ServiceTypeNodePort
+	np, _, err = b.CreateService(ctx, np, 1, 3)
+	if err != nil {
+		return err
+	}
+	nodePort := int(np.Spec.Ports[0].NodePort)
+
+	fmt.Fprintln(w, "\nServices (in namespace "+box.Namespace+"):")
+	fmt.Fprintf(w, "  web           ClusterIP %s  -> every pod\n", strings.Join(web.Spec.ClusterIPs, ", "))
+	fmt.Fprintf(w, "  web-nodeport  NodePort  %d      -> pod-1 (node-0), pod-3 (node-1)\n", nodePort)
+
+	clusterAddr := box.ClusterAddr(web)
+	nodeAddr := nstest.HostPort(tp.Node(1).IP(), nodePort)
+	if err := b.WaitTraffic(ctx, tp.ClientNS(), clusterAddr, ""); err != nil {
+		return err
+	}
+	if err := b.WaitTraffic(ctx, tp.ClientNS(), nodeAddr, ""); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nRequests (each answered by the pod's name and the source address it saw):")
+	for _, req := range []struct{ from, fromNS, addr string }{
+		{"pod-0", tp.PodNS(0), clusterAddr},
+		{"client", tp.ClientNS(), clusterAddr},
+		{"client", tp.ClientNS(), nodeAddr},
+	} {
+		r, err := tp.DialTCP(req.fromNS, req.addr, 2*time.Second)
+		if err != nil {
+			return fmt.Errorf("request from %s to %s: %w", req.from, req.addr, err)
+		}
+		fmt.Fprintf(w, "  %-6s -> %-22s answered by %s, which saw %s\n", req.from, req.addr, r.Backend, r.SeenFrom)
+	}
+
+	on, statuses, err := b.Connections(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nNodes (ListNodes on each replica):")
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "  NODE\tZONE\tREPLICA\tACKED VERSION\tBYTES SENT")
+	for k := range tp.Nodes() {
+		name := tp.Node(k).Name()
+		st, replica := statuses[name], "-"
+		if c := on[name]; c != nil {
+			replica = c.GRPCAddr()
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\n", name, b.Zone(name), replica, st.GetAckedVersion(), st.GetBytesSent())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	grpcurl := b.GRPCurl()
+	if grpcurl == "" {
+		grpcurl = "grpcurl"
+	}
+	cp := b.ControlPlanes[0].LocalGRPCAddr()
+	in := "ip netns exec " + b.HostNS() + " "
+	fmt.Fprintln(w, "\nWatch it (as root, in another terminal):")
+	fmt.Fprintf(w, "  %s%s -plaintext %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, cp)
+	fmt.Fprintf(w, "  %s%s -plaintext -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, cp)
+	fmt.Fprintf(w, "  %s%s -plaintext %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, cp)
+	fmt.Fprintf(w, "  ip netns exec %s iptables-nft -t nat -S | grep PP-   # node-0's rules\n", tp.Node(0).NS())
+	fmt.Fprintf(w, "  ip netns exec %s bash -c 'exec 3<>/dev/tcp/%s/%d; echo hi >&3; head -1 <&3'   # a request from the client\n",
+		tp.ClientNS(), web.Spec.ClusterIP, box.ServicePort)
+	fmt.Fprintf(w, "  %skubectl --kubeconfig %s get svc,endpointslices -n %s   # if kubectl is installed\n",
+		in, b.APIServer().AdminKubeconfig(), box.Namespace)
+	return nil
+}
+
+func allPods(tp *nstest.Topology) []int {
+	out := make([]int, tp.Pods())
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// programTB is nstest.TB for a program: cleanups run at exit, last first;
+// Fatalf and Skip stop the demo with their message.
+type programTB struct {
+	out      io.Writer
+	cleanups []func()
+	failed   bool
+}
+
+// stopDemo carries a Fatalf or Skip message up to run.
+type stopDemo struct{ msg string }
+
+func (p *programTB) Helper()          {}
+func (p *programTB) Name() string     { return "demo" }
+func (p *programTB) Cleanup(f func()) { p.cleanups = append(p.cleanups, f) }
+
+func (p *programTB) Logf(format string, args ...any) {
+	fmt.Fprintf(p.out, format+"\n", args...)
+}
+
+func (p *programTB) Errorf(format string, args ...any) {
+	p.failed = true
+	fmt.Fprintf(p.out, "demo: "+format+"\n", args...)
+}
+
+func (p *programTB) Fatalf(format string, args ...any) {
+	p.failed = true
+	panic(stopDemo{fmt.Sprintf(format, args...)})
+}
+
+// Skip is how nstest and the box say something is missing (root, a
+// binary, a kernel feature): for the demo that is fatal.
+func (p *programTB) Skip(args ...any) {
+	p.failed = true
+	panic(stopDemo{fmt.Sprint(args...)})
+}
+
+func (p *programTB) runCleanups() {
+	for i := len(p.cleanups) - 1; i >= 0; i-- {
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					var stop stopDemo
+					if s, ok := r.(stopDemo); ok {
+						stop = s
+					} else {
+						stop = stopDemo{fmt.Sprint(r)}
+					}
+					fmt.Fprintln(p.out, "demo: cleanup:", errors.New(stop.msg))
+				}
+			}()
+			p.cleanups[i]()
+		}()
+	}
+	p.cleanups = nil
+}
