@@ -101,9 +101,10 @@ e2e-apiserver:
 
 # e2e runs the end-to-end tests (e2e/cluster, and e2e/scenarios on the
 # cluster-in-a-box of e2e/box, as root) against e2e-apiserver and the
-# built binaries; the grpcurl scenario runs the pinned grpcurl.
+# built binaries; the grpcurl scenario runs the pinned grpcurl. -v shows
+# the scenarios' measured figures (lines "e2e-figure: ...") when they pass.
 e2e: build e2e-apiserver tools
-	cd e2e && E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) go test -count=1 -timeout 30m ./...
+	cd e2e && E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) go test -v -count=1 -timeout 30m ./...
 
 # demo is the README's first command: a cluster in a box (e2e/box) with
 # sample Services, running until Ctrl-C, then removed. As root; it installs
@@ -116,3 +117,16 @@ demo: build e2e-apiserver
 	go -C tools build -o $(BIN)/ github.com/fullstorydev/grpcurl/cmd/grpcurl
 	cd e2e && go build -o $(BIN)/e2e-demo ./cmd/demo
 	E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) $(BIN)/e2e-demo
+
+# bench-upstream compares proxyplane's nftables dataplane with upstream
+# kube-proxy's nftables mode on this kernel, at 1k, 5k and 10k Services, in
+# one run, as root (e2e/cmd/kpbench; docs/benchmarks.md records it). The
+# kube-proxy is E2E_K8S_VERSION's, built from its own module
+# (e2e/cmd/kpbench/upstream) and stamped like e2e-apiserver. Pass other
+# flags with KPBENCH_FLAGS (for example --sizes=1000 --upstream-reps=1).
+KPBENCH_FLAGS ?=
+.PHONY: bench-upstream
+bench-upstream: e2e-apiserver
+	cd e2e/cmd/kpbench/upstream && go build -ldflags '$(E2E_LDFLAGS)' -o $(BIN)/kube-proxy k8s.io/kubernetes/cmd/kube-proxy
+	cd e2e && go build -o $(BIN)/kpbench ./cmd/kpbench
+	$(BIN)/kpbench --apiserver=$(BIN)/e2e-apiserver --kube-proxy=$(BIN)/kube-proxy $(KPBENCH_FLAGS) | tee bench-upstream.out

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"testing"
@@ -64,6 +65,13 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// APIServerArgs are extra kube-apiserver flags.
 	APIServerArgs []string
+	// CommandPrefix, when set, runs the binary through another command,
+	// such as {"ip", "netns", "exec", NS} to put the API server inside a
+	// network namespace (its 127.0.0.1 is then that namespace's). The
+	// prefix must exec the binary rather than fork it, as "ip netns exec"
+	// does, so that Stop's SIGTERM and Kill's SIGKILL reach the API server
+	// itself.
+	CommandPrefix []string
 }
 
 // Cluster is a running (or stopped) e2e-apiserver. Its methods must not be
@@ -124,8 +132,9 @@ func New(ctx context.Context, cfg Config) (*Cluster, error) {
 
 // Restart stops the cluster, if it is running, and starts it again on the
 // same directory and ports, so clients configured before see the same API
-// server come back with its objects. After Stop it just starts it again,
-// which lets a test keep the API server away for as long as it likes.
+// server come back with its objects. After Stop or Kill it just starts it
+// again, which lets a test keep the API server away for as long as it
+// likes.
 func (c *Cluster) Restart(ctx context.Context) error {
 	if err := c.Stop(ctx); err != nil {
 		return fmt.Errorf("restart: %w", err)
@@ -165,6 +174,17 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	return nil
 }
 
+// Kill ends the process with SIGKILL, as a crash or an OOM kill would,
+// and waits until it is reaped. etcd's data stays on disk, so Restart
+// brings the same cluster back. Killing a stopped cluster does nothing.
+func (c *Cluster) Kill() {
+	if c.cmd == nil {
+		return
+	}
+	c.kill()
+	c.cmd = nil
+}
+
 // kill ends the process at once and reaps it. SIGKILL cannot be caught,
 // so the wait for the kernel to reap it is short and needs no bound of ours.
 func (c *Cluster) kill() {
@@ -198,7 +218,8 @@ func (c *Cluster) start(ctx context.Context, prev readyline.Line) error {
 		return fmt.Errorf("creating stdout pipe: %w", err)
 	}
 
-	cmd := exec.Command(c.cfg.Binary, args...)
+	argv := append(append(slices.Clone(c.cfg.CommandPrefix), c.cfg.Binary), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout = stdoutW
 	cmd.Stderr = logFile
 	setParentDeathSignal(cmd)
@@ -267,6 +288,20 @@ func (c *Cluster) start(ctx context.Context, prev readyline.Line) error {
 	}
 	c.info = info
 	return nil
+}
+
+// Running reports whether the API server process is up: started, and
+// neither stopped, killed nor exited on its own.
+func (c *Cluster) Running() bool {
+	if c.cmd == nil {
+		return false
+	}
+	select {
+	case <-c.exited:
+		return false
+	default:
+		return true
+	}
 }
 
 // Info returns what the binary reported at its last start.

@@ -1,0 +1,32 @@
+// Package box runs proxyplane as a cluster in a box, for end-to-end tests
+// and the demo: every part real, every part a process, nothing on the
+// machine's own network.
+//
+// Start builds, with internal/nstest, node namespaces (zones zone-a,
+// zone-b, ...) with backend pods behind them, a client outside the
+// cluster and host-0 on the nodes' LAN. In host-0 it starts e2e-apiserver
+// (a real etcd and kube-apiserver) and renders deploy/ with kustomize,
+// through an overlay that sets the box's CONTROL_PLANE_ADDRESSES as
+// deploy/README.md tells operators to, and server-side applies every
+// object with strict field validation, so the real API server validates
+// every manifest. The control plane replicas then run in host-0 with the
+// Deployment's arguments, authenticated by a TokenRequest token of the
+// Deployment's ServiceAccount: exactly the RBAC deploy/ grants, not
+// admin. One agent per node runs in the node's namespace with the
+// DaemonSet's arguments, expanded from the rendered ConfigMap as the
+// kubelet would, and dials the replicas on host-0's LAN address, as a
+// real agent dials control-plane nodes.
+//
+//	test process (root namespace) --dial inside host-0--> API server, replicas
+//	host-0  192.168.100.200: e2e-apiserver (127.0.0.1), controlplane-0 :9640/:9641,
+//	                         controlplane-1 :9650/:9651
+//	node-k  192.168.100.(k+1): nodeagent (healthz :10256, metrics 127.0.0.1:10249)
+//	pod-i   10.244.(k+1).(10+j): TCP and UDP servers on 8080 answering their name
+//	client  192.168.100.100: outside the cluster, routes ClusterIPs via node-0
+//
+// The box's helpers create Services and EndpointSlices for pods (no
+// controller-manager runs), wait for tables to reach every node (ListNodes
+// and WatchTable on every replica, and the agents' metrics), probe
+// traffic, and stop, kill or restart any process. All waits poll a
+// condition against a deadline.
+package box

@@ -1,0 +1,105 @@
+package scenarios
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// testGRPCurl drives the live replicas with grpcurl from inside host-0,
+// as README.md shows: list and describe through reflection, the health
+// service, ListNodes (every node connected to exactly one replica, with
+// the version its agent has in force acknowledged), ListEvents, and
+// WatchTable's debug stream, bounded by -max-time.
+func (e *env) testGRPCurl(t *testing.T) {
+	ctx := e.begin(t)
+	b := e.b
+	web := webService(t, e)
+	bin := b.GRPCurl()
+	if bin == "" {
+		t.Skip("grpcurl is not built: run `make tools`, or `make e2e`")
+	}
+	run := func(t *testing.T, args ...string) string {
+		t.Helper()
+		out, err := b.Topology().Exec(b.HostNS(), bin, append([]string{"-plaintext"}, args...)...)
+		// -max-time ends a stream with DeadlineExceeded and a non-zero
+		// status: that is how the watch is meant to end here.
+		if err != nil && !strings.Contains(string(out), "DeadlineExceeded") {
+			t.Fatalf("grpcurl %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out)
+	}
+	contains := func(t *testing.T, what, out string, wants ...string) {
+		t.Helper()
+		for _, w := range wants {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: output lacks %q:\n%s", what, w, out)
+			}
+		}
+	}
+
+	connected := map[string]int{}
+	for _, c := range b.ControlPlanes {
+		addr := c.LocalGRPCAddr()
+		contains(t, "list", run(t, addr, "list"), "proxyplane.v1.TableService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection")
+		contains(t, "describe", run(t, addr, "describe", "proxyplane.v1.TableService"),
+			"rpc Sync ( stream .proxyplane.v1.SyncRequest ) returns ( stream .proxyplane.v1.SyncResponse )",
+			"rpc WatchTable", "rpc ListNodes", "rpc ListEvents")
+		contains(t, "health", run(t, addr, "grpc.health.v1.Health/Check"), `"status": "SERVING"`)
+		run(t, addr, "proxyplane.v1.TableService/ListEvents")
+
+		var nodes struct {
+			Nodes []struct {
+				NodeName     string `json:"nodeName"`
+				Known        bool   `json:"known"`
+				Connected    bool   `json:"connected"`
+				AckedVersion string `json:"ackedVersion"`
+			} `json:"nodes"`
+		}
+		out := run(t, addr, "proxyplane.v1.TableService/ListNodes")
+		if err := json.Unmarshal([]byte(out), &nodes); err != nil {
+			t.Fatalf("ListNodes on %s: %v:\n%s", c.Name(), err, out)
+		}
+		if len(nodes.Nodes) != len(b.Agents) {
+			t.Errorf("ListNodes on %s lists %d nodes, want %d:\n%s", c.Name(), len(nodes.Nodes), len(b.Agents), out)
+		}
+		for _, n := range nodes.Nodes {
+			if !n.Known {
+				t.Errorf("ListNodes on %s: %s not known", c.Name(), n.NodeName)
+			}
+			if n.Connected {
+				connected[n.NodeName]++
+			}
+		}
+	}
+	for _, a := range b.Agents {
+		if got := connected[a.Node.Name()]; got != 1 {
+			t.Errorf("%s is connected to %d replicas, want 1", a.Node.Name(), got)
+		}
+	}
+
+	// The watch of one node's table: a snapshot naming the Service with
+	// its ClusterIP and an endpoint, whose version is what the node's
+	// agent has in force.
+	a := b.Agents[1]
+	out := run(t, "-max-time", "2", "-d", `{"node_name": "`+a.Node.Name()+`"}`, b.ControlPlanes[0].LocalGRPCAddr(), "proxyplane.v1.TableService/WatchTable")
+	contains(t, "WatchTable", out, `"key": "e2e/web"`, `"`+web.Spec.ClusterIPs[0]+`"`, `"`+b.Topology().PodIP(0).String()+`"`)
+	var first struct {
+		Snapshot struct {
+			Version string `json:"version"`
+		} `json:"snapshot"`
+	}
+	if end := strings.Index(out, "\n}\n"); end < 0 {
+		t.Fatalf("WatchTable output is not a JSON object:\n%s", out)
+	} else if err := json.Unmarshal([]byte(out[:end+2]), &first); err != nil {
+		t.Fatalf("WatchTable's first message: %v", err)
+	}
+	state, err := a.State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Snapshot.Version != state.Version {
+		t.Errorf("WatchTable's snapshot is version %q, %s has %q in force", first.Snapshot.Version, a.Name(), state.Version)
+	}
+	figure(t, "grpcurl", "replicas=%d watched=%s version=%s", len(b.ControlPlanes), a.Node.Name(), first.Snapshot.Version)
+}
