@@ -55,6 +55,10 @@ type Agent struct {
 	// a failed sync the kernel may hold part of the rejected table (one
 	// family programmed, the other not), which only a full sync repairs.
 	needFull bool
+	// reported, owned by the Run goroutine, is the version last exported
+	// as applied_version_info: the cached table is held from the start but
+	// applied only by the first sync, so held versions cannot tell.
+	reported string
 }
 
 type request struct {
@@ -191,9 +195,11 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 		metrics.SyncPartialProxyRulesDuration.Observe(took)
 	}
 	metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
-	if prev := a.held.Swap(t); prev.Version != t.Version {
+	a.held.Store(t)
+	if a.reported != t.Version {
 		metrics.AppliedVersion.Reset()
 		metrics.AppliedVersion.WithLabelValues(t.Version).Set(1)
+		a.reported = t.Version
 	}
 	a.health.Updated(time.Now())
 	for _, f := range a.cfg.AfterSync {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"log/slog"
 	"slices"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -98,7 +100,8 @@ func TestCachedTableIsProgrammedFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, newAgent(r, cached))
+	a := newAgent(r, cached)
+	run(t, a)
 	select {
 	case v := <-r.synced:
 		if v != cached.Version {
@@ -107,8 +110,18 @@ func TestCachedTableIsProgrammedFirst(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the cached table was never programmed")
 	}
+	select {
+	case <-a.Started():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Started never closed")
+	}
 	if got := r.log(); len(got) != 1 || got[0] != fmt.Sprintf("sync %s full=true changed=[]", cached.Version) {
 		t.Errorf("calls = %v, want one full sync of the cache", got)
+	}
+	// The cached table is in force: the metric must say so, although the
+	// agent held it from the start.
+	if got := testutil.ToFloat64(metrics.AppliedVersion.WithLabelValues(cached.Version)); got != 1 {
+		t.Errorf("applied_version_info{version=%q} = %v, want 1", cached.Version, got)
 	}
 }
 
