@@ -56,12 +56,15 @@ vet:
 
 lint: tools
 	golangci-lint run $(GO_PACKAGES)
+	cd e2e && go vet ./... && golangci-lint run ./...
 
 # unit needs the tools: the grpcurl test runs the real grpcurl.
 unit: tools
 	go test -race -count=1 $(GO_PACKAGES)
 
-test: check-generated buf-lint buf-breaking vet lint unit
+# test is everything: static checks, the unit and kernel tests, then the
+# end-to-end tests on a real API server (e2e, below).
+test: check-generated buf-lint buf-breaking vet lint unit e2e
 
 # bench runs the control plane benchmarks; docs/benchmarks.md records them.
 # The Scale ones (10,000 Services) run apart: their memory figures need one

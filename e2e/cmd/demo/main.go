@@ -40,7 +40,7 @@ func run() (code int) {
 		fmt.Fprintln(os.Stderr, "demo: needs root: it creates network namespaces and programs iptables inside them (run `sudo make demo`)")
 		return 1
 	}
-	tb := &programTB{out: os.Stderr}
+	tb := &programTB{}
 	defer func() {
 		if r := recover(); r != nil {
 			stop, ok := r.(stopDemo)
@@ -80,6 +80,7 @@ func run() (code int) {
 
 // show creates the sample Services and prints what a user wants to see.
 func show(ctx context.Context, w io.Writer, b *box.Box) error {
+	out := &printer{w: w}
 	tp := b.Topology()
 	web, _, err := b.CreateService(ctx, box.NewService("web"), allPods(tp)...)
 	if err != nil {
@@ -93,9 +94,9 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	}
 	nodePort := int(np.Spec.Ports[0].NodePort)
 
-	fmt.Fprintln(w, "\nServices (in namespace "+box.Namespace+"):")
-	fmt.Fprintf(w, "  web           ClusterIP %s  -> every pod\n", strings.Join(web.Spec.ClusterIPs, ", "))
-	fmt.Fprintf(w, "  web-nodeport  NodePort  %d      -> pod-1 (node-0), pod-3 (node-1)\n", nodePort)
+	out.f("\nServices (in namespace %s):\n", box.Namespace)
+	out.f("  web           ClusterIP %s  -> every pod\n", strings.Join(web.Spec.ClusterIPs, ", "))
+	out.f("  web-nodeport  NodePort  %d      -> pod-1 (node-0), pod-3 (node-1)\n", nodePort)
 
 	clusterAddr := box.ClusterAddr(web)
 	nodeAddr := nstest.HostPort(tp.Node(1).IP(), nodePort)
@@ -105,7 +106,7 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	if err := b.WaitTraffic(ctx, tp.ClientNS(), nodeAddr, ""); err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nRequests (each answered by the pod's name and the source address it saw):")
+	out.f("\nRequests (each answered by the pod's name and the source address it saw):\n")
 	for _, req := range []struct{ from, fromNS, addr string }{
 		{"pod-0", tp.PodNS(0), clusterAddr},
 		{"client", tp.ClientNS(), clusterAddr},
@@ -115,25 +116,26 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 		if err != nil {
 			return fmt.Errorf("request from %s to %s: %w", req.from, req.addr, err)
 		}
-		fmt.Fprintf(w, "  %-6s -> %-22s answered by %s, which saw %s\n", req.from, req.addr, r.Backend, r.SeenFrom)
+		out.f("  %-6s -> %-22s answered by %s, which saw %s\n", req.from, req.addr, r.Backend, r.SeenFrom)
 	}
 
 	on, statuses, err := b.Connections(ctx)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "\nNodes (ListNodes on each replica):")
+	out.f("\nNodes (ListNodes on each replica):\n")
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "  NODE\tZONE\tREPLICA\tACKED VERSION\tBYTES SENT")
+	twOut := &printer{w: tw}
+	twOut.f("  NODE\tZONE\tREPLICA\tACKED VERSION\tBYTES SENT\n")
 	for k := range tp.Nodes() {
 		name := tp.Node(k).Name()
 		st, replica := statuses[name], "-"
 		if c := on[name]; c != nil {
 			replica = c.GRPCAddr()
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\n", name, b.Zone(name), replica, st.GetAckedVersion(), st.GetBytesSent())
+		twOut.f("  %s\t%s\t%s\t%s\t%d\n", name, b.Zone(name), replica, st.GetAckedVersion(), st.GetBytesSent())
 	}
-	if err := tw.Flush(); err != nil {
+	if err := errors.Join(twOut.err, tw.Flush()); err != nil {
 		return err
 	}
 
@@ -143,16 +145,29 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	}
 	cp := b.ControlPlanes[0].LocalGRPCAddr()
 	in := "ip netns exec " + b.HostNS() + " "
-	fmt.Fprintln(w, "\nWatch it (as root, in another terminal):")
-	fmt.Fprintf(w, "  %s%s -plaintext %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, cp)
-	fmt.Fprintf(w, "  %s%s -plaintext -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, cp)
-	fmt.Fprintf(w, "  %s%s -plaintext %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, cp)
-	fmt.Fprintf(w, "  ip netns exec %s iptables-nft -t nat -S | grep PP-   # node-0's rules\n", tp.Node(0).NS())
-	fmt.Fprintf(w, "  ip netns exec %s bash -c 'exec 3<>/dev/tcp/%s/%d; echo hi >&3; head -1 <&3'   # a request from the client\n",
+	out.f("\nWatch it (as root, in another terminal):\n")
+	out.f("  %s%s -plaintext %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, cp)
+	out.f("  %s%s -plaintext -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, cp)
+	out.f("  %s%s -plaintext %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, cp)
+	out.f("  ip netns exec %s iptables-nft -t nat -S | grep PP-   # node-0's rules\n", tp.Node(0).NS())
+	out.f("  ip netns exec %s bash -c 'exec 3<>/dev/tcp/%s/%d; echo hi >&3; head -1 <&3'   # a request from the client\n",
 		tp.ClientNS(), web.Spec.ClusterIP, box.ServicePort)
-	fmt.Fprintf(w, "  %skubectl --kubeconfig %s get svc,endpointslices -n %s   # if kubectl is installed\n",
+	out.f("  %skubectl --kubeconfig %s get svc,endpointslices -n %s   # if kubectl is installed\n",
 		in, b.APIServer().AdminKubeconfig(), box.Namespace)
-	return nil
+	return out.err
+}
+
+// printer writes formatted text and keeps the first error, so a long
+// report checks its writes once.
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) f(format string, args ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, args...)
+	}
 }
 
 func allPods(tp *nstest.Topology) []int {
@@ -166,7 +181,6 @@ func allPods(tp *nstest.Topology) []int {
 // programTB is nstest.TB for a program: cleanups run at exit, last first;
 // Fatalf and Skip stop the demo with their message.
 type programTB struct {
-	out      io.Writer
 	cleanups []func()
 	failed   bool
 }
@@ -179,12 +193,12 @@ func (p *programTB) Name() string     { return "demo" }
 func (p *programTB) Cleanup(f func()) { p.cleanups = append(p.cleanups, f) }
 
 func (p *programTB) Logf(format string, args ...any) {
-	fmt.Fprintf(p.out, format+"\n", args...)
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
 }
 
 func (p *programTB) Errorf(format string, args ...any) {
 	p.failed = true
-	fmt.Fprintf(p.out, "demo: "+format+"\n", args...)
+	fmt.Fprintf(os.Stderr, "demo: "+format+"\n", args...)
 }
 
 func (p *programTB) Fatalf(format string, args ...any) {
@@ -210,7 +224,7 @@ func (p *programTB) runCleanups() {
 					} else {
 						stop = stopDemo{fmt.Sprint(r)}
 					}
-					fmt.Fprintln(p.out, "demo: cleanup:", errors.New(stop.msg))
+					fmt.Fprintln(os.Stderr, "demo: cleanup:", errors.New(stop.msg))
 				}
 			}()
 			p.cleanups[i]()
