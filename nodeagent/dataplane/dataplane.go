@@ -1,6 +1,8 @@
 // Package dataplane declares what the node agent needs from a kernel
-// backend. Backends live in subpackages (iptables, and later nftables and
-// ipvs); each has a fake for tests.
+// backend. The backends live in subpackages iptables, nftables and ipvs,
+// each with fakes for its tests. Beside them, plan holds what the backends
+// compute alike from the proxy table, tool runs the command-line tools the
+// iptables and IPVS backends use, and dptest is what their tests share.
 package dataplane
 
 import (

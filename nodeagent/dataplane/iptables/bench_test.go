@@ -5,18 +5,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
-	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // BenchmarkSync measures syncs on the real kernel, in a throwaway network
@@ -41,24 +36,8 @@ import (
 //	go test -run '^$' -bench BenchmarkSync -benchtime 1x -timeout 30m ./nodeagent/dataplane/iptables/
 func BenchmarkSync(b *testing.B) {
 	nstest.RequireRoot(b)
-	sizes := []int{1000, 5000, 10000}
-	if s := os.Getenv("PP_BENCH_SIZES"); s != "" {
-		sizes = nil
-		for _, f := range strings.Split(s, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil {
-				b.Fatalf("PP_BENCH_SIZES: %v", err)
-			}
-			sizes = append(sizes, n)
-		}
-	}
-	reps := 3
-	if s := os.Getenv("PP_BENCH_REPS"); s != "" {
-		var err error
-		if reps, err = strconv.Atoi(s); err != nil || reps < 1 {
-			b.Fatalf("PP_BENCH_REPS: %q", s)
-		}
-	}
+	sizes := dptest.EnvInts(b, "PP_BENCH_SIZES", []int{1000, 5000, 10000})
+	reps := dptest.EnvInts(b, "PP_BENCH_REPS", []int{3})[0]
 	var rows []benchRow
 	for _, backend := range []Backend{BackendNFT, BackendLegacy} {
 		if _, err := exec.LookPath(binaryNames(IPv4, backend).restore); err != nil {
@@ -106,8 +85,8 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	node := &pb.NodeInfo{Name: "bench", Hash: 1}
-	services := scaleServices(n, 3)
-	tbl := newTable(b, node, services...)
+	services := dptest.ScaleServices(n, 3)
+	tbl := dptest.Table(b, node, services...)
 	row := benchRow{backend: backend, services: n}
 
 	timed := func(f func() error) time.Duration {
@@ -135,77 +114,34 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 		full = append(full, timed(func() error { return d.Sync(ctx, tbl, nil, true) }))
 		floor = append(floor, timed(func() error { return d.r.Restore(ctx, rs.data, "--noflush") }))
 	}
-	row.fullSteady, row.floor, row.render = median(full), median(floor), median(rend)
+	row.fullSteady, row.floor, row.render = dptest.Median(full), dptest.Median(floor), dptest.Median(rend)
 	row.jumps = timed(func() error { return ensureJumps(ctx, d.r) })
 
 	// Partial: one Service's endpoints change back and forth.
 	var partial []time.Duration
 	cur := tbl
 	for i := range max(reps, 5) {
-		s := proto.CloneOf(services[n/2])
-		s.ClusterEndpoints = []*pb.PortEndpoints{eps("http", addrAt("10.64.0.0", 1+i%2)+":8080", addrAt("10.64.0.0", 3)+":8080")}
-		next := replaceService(b, cur, s)
+		s := dptest.EndpointChange(services[n/2], i)
+		next := dptest.Replace(b, cur, s)
 		partial = append(partial, timed(func() error { return d.Sync(ctx, next, []string{"ns/" + s.Name}, false) }))
 		cur = next
 		row.partialBytes = d.Stats().LastRestoreBytes
 	}
-	row.partialEP = median(partial)
+	row.partialEP = dptest.Median(partial)
 
 	// Partial: add then remove one Service.
 	partial = partial[:0]
-	extra := scaleServices(n+1, 3)[n]
+	extra := dptest.ScaleServices(n+1, 3)[n]
 	for i := range max(reps, 4) {
-		var next *proxytable.Table
-		if i%2 == 0 {
-			next = replaceService(b, cur, extra)
-		} else {
-			next = removeService(b, cur, "ns/"+extra.Name)
-		}
+		next := dptest.Toggle(b, cur, extra, i)
 		partial = append(partial, timed(func() error { return d.Sync(ctx, next, []string{"ns/" + extra.Name}, false) }))
 		cur = next
 	}
-	row.partialSvc = median(partial)
+	row.partialSvc = dptest.Median(partial)
 	if st := d.Stats(); st.PartialSyncs == 0 || st.RestoreFailures != 0 {
 		b.Fatalf("unexpected stats %+v", st)
 	}
 	return row
-}
-
-func replaceService(tb testing.TB, t *proxytable.Table, s *pb.Service) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(t.Entries)+1)
-	for k, e := range t.Entries {
-		if k != s.Namespace+"/"+s.Name {
-			entries = append(entries, e)
-		}
-	}
-	entries = append(entries, entry(s))
-	out, err := proxytable.FromEntries(version(t.Node, entries), t.Node, entries)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return out
-}
-
-func removeService(tb testing.TB, t *proxytable.Table, key string) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(t.Entries))
-	for k, e := range t.Entries {
-		if k != key {
-			entries = append(entries, e)
-		}
-	}
-	out, err := proxytable.FromEntries(version(t.Node, entries), t.Node, entries)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return out
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 func printBenchTable(w *os.File, rows []benchRow) {
@@ -216,17 +152,15 @@ func printBenchTable(w *os.File, rows []benchRow) {
 	_, _ = fmt.Fprintln(tw, "backend\tservices\tinput\trender\tjumps\tfull(initial)\tfull(steady)\tfloor\tratio\tpartial(ep)\tpartial(svc)\t")
 	for _, r := range rows {
 		_, _ = fmt.Fprintf(tw, "%s\t%d\t%.1fMB\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s\t\n", r.backend, r.services, float64(r.bytes)/1e6,
-			ms(r.render), ms(r.jumps), ms(r.fullInitial), ms(r.fullSteady), ms(r.floor), r.ratio(), ms(r.partialEP), ms(r.partialSvc))
+			dptest.Millis(r.render), dptest.Millis(r.jumps), dptest.Millis(r.fullInitial), dptest.Millis(r.fullSteady), dptest.Millis(r.floor), r.ratio(), dptest.Millis(r.partialEP), dptest.Millis(r.partialSvc))
 	}
 	_ = tw.Flush()
 }
 
-func ms(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond)) }
-
 // BenchmarkRender measures a full render of 10k Services x 3 endpoints,
 // the part of a full sync that is ours (pure, no kernel needed).
 func BenchmarkRender(b *testing.B) {
-	tbl := newTable(b, &pb.NodeInfo{Name: "bench", Hash: 1}, scaleServices(10000, 3)...)
+	tbl := dptest.Table(b, &pb.NodeInfo{Name: "bench", Hash: 1}, dptest.ScaleServices(10000, 3)...)
 	cfg := testConfig(IPv4)
 	p := newParams(&cfg, tbl.Node)
 	p.backend = BackendNFT

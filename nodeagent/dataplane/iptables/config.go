@@ -3,9 +3,9 @@ package iptables
 import (
 	"errors"
 	"fmt"
-	"net/netip"
-	"slices"
 	"time"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
 // Family is the IP family one Dataplane programs. iptables keeps IPv4 and
@@ -22,18 +22,7 @@ const (
 )
 
 // String returns "IPv4" or "IPv6".
-func (f Family) String() string {
-	switch f {
-	case IPv4:
-		return "IPv4"
-	case IPv6:
-		return "IPv6"
-	}
-	return fmt.Sprintf("Family(%d)", int(f))
-}
-
-// has reports whether a belongs to the family.
-func (f Family) has(a netip.Addr) bool { return a.Is4() == (f == IPv4) }
+func (f Family) String() string { return plan.Family(f).String() }
 
 // Backend names the iptables implementation: the legacy x_tables kernel API
 // or the nf_tables one behind iptables-nft. Both can be loaded at once and
@@ -51,19 +40,20 @@ const (
 )
 
 // LocalMode says how the rules tell traffic from local pods from other
-// traffic, as kube-proxy's --detect-local-mode.
-type LocalMode string
+// traffic, as kube-proxy's --detect-local-mode (see the README's
+// Masquerade section).
+type LocalMode = plan.LocalMode
 
 const (
 	// LocalNone cannot tell pod traffic apart: ClusterIP traffic is not
 	// masqueraded (unless MasqueradeAll) and eTP Local services do not
 	// short-circuit pod traffic.
-	LocalNone LocalMode = "None"
+	LocalNone = plan.LocalNone
 	// LocalClusterCIDR treats sources in Config.ClusterCIDRs as pods.
-	LocalClusterCIDR LocalMode = "ClusterCIDR"
+	LocalClusterCIDR = plan.LocalClusterCIDR
 	// LocalNodeCIDR treats sources in the node's pod CIDRs (the table's
 	// NodeInfo.pod_cidrs) as pods.
-	LocalNodeCIDR LocalMode = "NodeCIDR"
+	LocalNodeCIDR = plan.LocalNodeCIDR
 )
 
 // DefaultMasqueradeBit is kube-proxy's default: bit 14 (0x4000) of the
@@ -153,37 +143,7 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("backend %q: want auto, nft or legacy", c.Backend))
 	}
-	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
-		errs = append(errs, fmt.Errorf("masquerade bit %d: want 0 to 31", c.MasqueradeBit))
-	}
-	switch c.LocalMode {
-	case "", LocalNone, LocalNodeCIDR:
-	case LocalClusterCIDR:
-		if c.Family == IPv4 || c.Family == IPv6 {
-			if _, err := c.clusterCIDR(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	default:
-		errs = append(errs, fmt.Errorf("local mode %q: want ClusterCIDR, NodeCIDR or None", c.LocalMode))
-	}
-	for _, s := range c.NodePortAddresses {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("nodePortAddresses: %w", err))
-			continue
-		}
-		// Localhost NodePorts need route_localnet and kube-proxy's
-		// anti-martian rule; proxyplane does not offer them (see README).
-		if p.Bits() != 0 && (p.Overlaps(loopback4) || p.Overlaps(loopback6)) {
-			errs = append(errs, fmt.Errorf("nodePortAddresses %s: loopback NodePorts are not supported", s))
-		}
-	}
-	for _, s := range c.NodeIPs {
-		if _, err := netip.ParseAddr(s); err != nil {
-			errs = append(errs, fmt.Errorf("nodeIPs: %w", err))
-		}
-	}
+	errs = append(errs, c.settings().Validate()...)
 	if c.LockWait < 0 {
 		errs = append(errs, fmt.Errorf("lock wait %v is negative", c.LockWait))
 	}
@@ -193,41 +153,10 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-var (
-	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
-	loopback6 = netip.MustParsePrefix("::1/128")
-)
-
-// clusterCIDR returns the configured cluster CIDR of the family (invalid
-// prefix when none): iptables cannot negate a list of sources, so, like
-// kube-proxy, one CIDR per family is supported.
-func (c *Config) clusterCIDR() (netip.Prefix, error) {
-	var found []netip.Prefix
-	for _, s := range c.ClusterCIDRs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("clusterCIDRs: %w", err)
-		}
-		if c.Family.has(p.Addr()) {
-			found = append(found, p.Masked())
-		}
+// settings returns the fields every dataplane has, for package plan.
+func (c *Config) settings() plan.Settings {
+	return plan.Settings{
+		Family: plan.Family(c.Family), MasqueradeBit: c.MasqueradeBit, LocalMode: c.LocalMode,
+		ClusterCIDRs: c.ClusterCIDRs, NodePortAddresses: c.NodePortAddresses, NodeIPs: c.NodeIPs,
 	}
-	switch len(found) {
-	case 0:
-		return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: none of family %v for ClusterCIDR mode", c.ClusterCIDRs, c.Family)
-	case 1:
-		return found[0], nil
-	}
-	return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: more than one of family %v", c.ClusterCIDRs, c.Family)
-}
-
-// nodeIPs returns the configured node addresses of the family.
-func (c *Config) nodeIPs() []netip.Addr {
-	var out []netip.Addr
-	for _, s := range c.NodeIPs {
-		if a, err := netip.ParseAddr(s); err == nil && c.Family.has(a.Unmap()) {
-			out = append(out, a.Unmap())
-		}
-	}
-	return slices.Compact(out)
 }

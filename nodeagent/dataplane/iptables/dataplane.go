@@ -45,22 +45,14 @@ var _ dataplane.Dataplane = (*Dataplane)(nil)
 
 // Stats counts what the Dataplane did, for the agent's metrics.
 type Stats struct {
+	dataplane.SyncStats
 	// Backend is the backend in use; "" until the first Sync detects it.
 	Backend Backend
-	// FullSyncs and PartialSyncs count successful syncs (a partial sync
-	// that had to become full counts as full).
-	FullSyncs, PartialSyncs uint64
 	// RestoreFailures counts failed iptables-restore runs, of which
 	// PartialRestoreFailures were partial syncs (kube-proxy's
 	// sync_proxy_rules_iptables_restore_failures_total and
 	// sync_proxy_rules_iptables_partial_restore_failures_total).
 	RestoreFailures, PartialRestoreFailures uint64
-	// LastSync is when the last successful Sync ended, and
-	// LastSyncDuration how long it took.
-	LastSync         time.Time
-	LastSyncDuration time.Duration
-	// Services is the number of Services of the family in force.
-	Services int
 	// LastRestoreBytes is the size of the last restore input.
 	LastRestoreBytes int
 }
@@ -133,7 +125,7 @@ func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []str
 		t = proxytable.Empty()
 	}
 	if d.r == nil {
-		b, err := detectBackend(ctx, d.runners)
+		b, err := DetectBackend(ctx, chainServices, d.runners[BackendNFT], d.runners[BackendLegacy])
 		if err != nil {
 			return err
 		}
@@ -213,14 +205,7 @@ func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []str
 	}
 
 	d.mu.Lock()
-	if full {
-		d.stats.FullSyncs++
-	} else {
-		d.stats.PartialSyncs++
-	}
-	d.stats.LastSync = time.Now()
-	d.stats.LastSyncDuration = d.stats.LastSync.Sub(start)
-	d.stats.Services = len(rs.next.services)
+	d.stats.Succeeded(full, start, len(rs.next.services))
 	d.stats.LastRestoreBytes = len(rs.data)
 	d.mu.Unlock()
 	return nil

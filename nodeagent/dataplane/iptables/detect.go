@@ -8,15 +8,23 @@ import (
 	"fmt"
 )
 
-// detectBackend chooses between legacy and nft iptables the way the node
-// already uses them. Both backends can hold rules at once and both apply
-// to every packet, so writing to the one the rest of the node (kubelet,
-// the CNI plugin, the host firewall) does not use splits the ruleset in
-// two and makes it unreadable to whoever runs "iptables-save".
+// Saver dumps one table of one iptables backend, as iptables-save -t does.
+type Saver interface {
+	Save(ctx context.Context, table string) ([]byte, error)
+}
+
+// DetectBackend chooses between legacy and nft iptables the way the node
+// already uses them, from the dumps of nft and legacy (nil when a backend's
+// tools are not installed). Both backends can hold rules at once and both
+// apply to every packet, so writing to the one the rest of the node
+// (kubelet, the CNI plugin, the host firewall) does not use splits the
+// ruleset in two and makes it unreadable to whoever runs "iptables-save".
+// The IPVS dataplane, which writes a few iptables rules, detects the same
+// way.
 //
 // In order, as kube-proxy's iptables-wrapper plus one rule of our own:
-//  1. the backend holding our own PP-SERVICES chain from an earlier run:
-//     switching would leave those rules in force in the other backend;
+//  1. the backend holding ours, the caller's own nat chain, from an earlier
+//     run: switching would leave those rules in force in the other backend;
 //  2. the backend holding kubelet's hint chains (KUBE-IPTABLES-HINT or
 //     KUBE-KUBELET-CANARY in mangle), which name the backend kubelet chose;
 //  3. the backend with more rules in nat, filter and mangle, nft on a tie
@@ -25,8 +33,9 @@ import (
 //
 // A backend whose tools fail is taken as empty; only when every backend
 // fails is there an error.
-func detectBackend(ctx context.Context, runners map[Backend]runner) (Backend, error) {
+func DetectBackend(ctx context.Context, ours string, nft, legacy Saver) (Backend, error) {
 	order := []Backend{BackendNFT, BackendLegacy}
+	savers := map[Backend]Saver{BackendNFT: nft, BackendLegacy: legacy}
 	type dump struct {
 		ours, hint bool
 		rules      int
@@ -35,7 +44,7 @@ func detectBackend(ctx context.Context, runners map[Backend]runner) (Backend, er
 	dumps := map[Backend]*dump{}
 	var errs []error
 	for _, b := range order {
-		r := runners[b]
+		r := savers[b]
 		if r == nil {
 			continue
 		}
@@ -54,7 +63,7 @@ func detectBackend(ctx context.Context, runners map[Backend]runner) (Backend, er
 			d.rules += rules
 			for _, c := range chains {
 				switch {
-				case table == "nat" && c == chainServices:
+				case table == "nat" && c == ours:
 					d.ours = true
 				case table == "mangle" && (c == "KUBE-IPTABLES-HINT" || c == "KUBE-KUBELET-CANARY"):
 					d.hint = true
@@ -78,11 +87,7 @@ func detectBackend(ctx context.Context, runners map[Backend]runner) (Backend, er
 			}
 		}
 	}
-	nft, legacy := dumps[BackendNFT], dumps[BackendLegacy]
-	switch {
-	case nft == nil:
-		return BackendLegacy, nil
-	case legacy != nil && legacy.rules > nft.rules:
+	if nft, legacy := dumps[BackendNFT], dumps[BackendLegacy]; nft == nil || (legacy != nil && legacy.rules > nft.rules) {
 		return BackendLegacy, nil
 	}
 	return BackendNFT, nil

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // saveOnly is a runner whose Save returns canned dumps (or fails).
@@ -46,15 +48,15 @@ func TestDetectBackend(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := detectBackend(context.Background(), map[Backend]runner{BackendNFT: tt.nft, BackendLegacy: tt.legacy})
+			got, err := DetectBackend(context.Background(), chainServices, tt.nft, tt.legacy)
 			if tt.wantErr {
 				if err == nil {
-					t.Fatalf("detectBackend = %s, want an error", got)
+					t.Fatalf("DetectBackend = %s, want an error", got)
 				}
 				return
 			}
 			if err != nil || got != tt.want {
-				t.Fatalf("detectBackend = %s, %v; want %s", got, err, tt.want)
+				t.Fatalf("DetectBackend = %s, %v; want %s", got, err, tt.want)
 			}
 		})
 	}
@@ -69,7 +71,7 @@ func TestDetectionAtFirstSync(t *testing.T) {
 	if b := d.Stats().Backend; b != "" {
 		t.Fatalf("backend before the first Sync = %q", b)
 	}
-	if err := d.Sync(context.Background(), newTable(t, testNode(), clusterIPTwoEndpoints()), nil, true); err != nil {
+	if err := d.Sync(context.Background(), dptest.Table(t, dptest.Node(), dptest.ClusterIPTwoEndpoints()), nil, true); err != nil {
 		t.Fatal(err)
 	}
 	if b := d.Stats().Backend; b != BackendLegacy {

@@ -6,11 +6,13 @@
 // The work is split by job:
 //
 //   - plan.go and render.go turn a proxytable.Table into iptables-restore
-//     input. They are pure: no I/O, no goroutines, deterministic output.
+//     input, with the per-port decisions of package plan. They are pure:
+//     no I/O, no goroutines, deterministic output.
 //   - runner.go runs the tools (iptables-restore, iptables-save, iptables)
 //     behind the small runner interface; detect.go chooses between the
-//     legacy and nft backends as kube-proxy's iptables-wrapper does;
-//     jumps.go hooks our chains into the built-in ones.
+//     legacy and nft backends as kube-proxy's iptables-wrapper does (the
+//     IPVS dataplane detects with it too); jumps.go hooks our chains into
+//     the built-in ones.
 //   - dataplane.go is the Dataplane: full and partial syncs, what the
 //     kernel holds (to rewrite only what changed and prune what is gone),
 //     and recovery after a failed restore.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
 )
 
 // ErrInvalidConfig is wrapped by every Config validation failure.
@@ -46,7 +48,7 @@ func (e *RestoreError) Error() string {
 		fmt.Fprintf(&b, " %q", e.Rule)
 	}
 	if s := strings.TrimSpace(e.Stderr); s != "" {
-		fmt.Fprintf(&b, ": %s", firstLine(s))
+		fmt.Fprintf(&b, ": %s", tool.FirstLine(s))
 	}
 	fmt.Fprintf(&b, ": %v", e.Err)
 	return b.String()
@@ -63,28 +65,7 @@ func IsRestoreFailed(err error) bool {
 
 // CommandError is a failed iptables, iptables-save or version command
 // (anything but a restore).
-type CommandError struct {
-	// Args is the command line, prefix included.
-	Args []string
-	// ExitCode is the process exit code, -1 when it did not exit.
-	ExitCode int
-	// Stderr is what the command printed.
-	Stderr string
-	// Err is the process error.
-	Err error
-}
-
-// Error describes the command and its first line of stderr.
-func (e *CommandError) Error() string {
-	s := fmt.Sprintf("%s: %v", strings.Join(e.Args, " "), e.Err)
-	if st := strings.TrimSpace(e.Stderr); st != "" {
-		s += ": " + firstLine(st)
-	}
-	return s
-}
-
-// Unwrap returns the process error.
-func (e *CommandError) Unwrap() error { return e.Err }
+type CommandError = tool.CommandError
 
 // IsCommandFailed reports whether err is (or wraps) a CommandError.
 func IsCommandFailed(err error) bool {
@@ -95,20 +76,7 @@ func IsCommandFailed(err error) bool {
 // MissingBinaryError says an iptables tool the backend needs is not
 // installed; the node needs the iptables package (both flavours come with
 // it on Debian and derivatives).
-type MissingBinaryError struct {
-	// Name is the binary looked for.
-	Name string
-	// Err is the lookup error.
-	Err error
-}
-
-// Error names the missing tool.
-func (e *MissingBinaryError) Error() string {
-	return fmt.Sprintf("%s not found (install iptables): %v", e.Name, e.Err)
-}
-
-// Unwrap returns the lookup error.
-func (e *MissingBinaryError) Unwrap() error { return e.Err }
+type MissingBinaryError = tool.MissingBinaryError
 
 // IsMissingBinary reports whether err is (or wraps) a MissingBinaryError.
 func IsMissingBinary(err error) bool {
@@ -145,11 +113,4 @@ const exitLockHeld = 4
 // alone is shared with other resource problems.
 func isLockMessage(stderr string) bool {
 	return strings.Contains(stderr, "xtables lock")
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }

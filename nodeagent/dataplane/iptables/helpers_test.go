@@ -1,95 +1,20 @@
 package iptables
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
-	"google.golang.org/protobuf/proto"
-
-	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
-// ---- Tables -------------------------------------------------------------
-
-// testNode is the node every unit-test table belongs to.
-func testNode() *pb.NodeInfo {
-	return &pb.NodeInfo{Name: "node-a", PodCidrs: []string{"10.244.1.0/24", "fd00:244:1::/64"}, Hash: 7}
-}
-
-// newTable validates entries into a Table the way the agent would receive
-// it: entry hashes are computed from content and the version is their sum.
-func newTable(tb testing.TB, node *pb.NodeInfo, services ...*pb.Service) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(services))
-	for _, s := range services {
-		entries = append(entries, entry(s))
-	}
-	t, err := proxytable.FromEntries(version(node, entries), node, entries)
-	if err != nil {
-		tb.Fatalf("building table: %v", err)
-	}
-	return t
-}
-
-// entry wraps s with its key and a content hash.
-func entry(s *pb.Service) *pb.ServiceEntry {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(s)
-	if err != nil {
-		panic(err)
-	}
-	return &pb.ServiceEntry{Key: s.Namespace + "/" + s.Name, Hash: xxhash.Sum64(b), Service: s}
-}
-
-// version is what proxytable checks: node hash plus entry hashes.
-func version(node *pb.NodeInfo, entries []*pb.ServiceEntry) string {
-	sum := node.GetHash()
-	for _, e := range entries {
-		sum += e.GetHash()
-	}
-	return fmt.Sprintf("%016x", sum)
-}
-
-// svc is a ClusterIP Service with defaults; mutate the result.
-func svc(ns, name string, clusterIPs ...string) *pb.Service {
-	return &pb.Service{
-		Namespace: ns, Name: name, Type: pb.ServiceType_SERVICE_TYPE_CLUSTER_IP, ClusterIps: clusterIPs,
-		ExternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
-		InternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
-	}
-}
-
-// port is a ServicePort; has says whether endpoints exist anywhere.
-func port(name string, proto pb.Protocol, p, nodePort int32, has bool) *pb.ServicePort {
-	return &pb.ServicePort{Name: name, Protocol: proto, Port: p, NodePort: nodePort, HasEndpoints: has}
-}
-
-const (
-	tcp  = pb.Protocol_PROTOCOL_TCP
-	udp  = pb.Protocol_PROTOCOL_UDP
-	sctp = pb.Protocol_PROTOCOL_SCTP
-)
-
-// eps lists endpoints "ip:port" (or "[ip6]:port") of a port.
-func eps(portName string, addrs ...string) *pb.PortEndpoints {
-	pe := &pb.PortEndpoints{PortName: portName}
-	for _, a := range addrs {
-		host, p, err := net.SplitHostPort(a)
-		if err != nil {
-			panic(err)
-		}
-		n, _ := strconv.Atoi(p)
-		pe.Endpoints = append(pe.Endpoints, &pb.Endpoint{Ip: host, Port: int32(n), Ready: true, Serving: true})
-	}
-	return pe
-}
+// ---- Configuration -----------------------------------------------------
 
 // testConfig is the unit tests' configuration of family.
 func testConfig(family Family) Config {
@@ -99,6 +24,16 @@ func testConfig(family Family) Config {
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{"192.168.100.1", "fd00:100::1"}
 	return c
+}
+
+// caseConfig is c's configuration: testConfig of its family, changed as
+// the case says.
+func caseConfig(c dptest.Case) Config {
+	cfg, t := testConfig(Family(c.Family)), c.Config
+	cfg.LocalMode, cfg.MasqueradeBit = cmp.Or(t.LocalMode, cfg.LocalMode), cmp.Or(t.MasqueradeBit, cfg.MasqueradeBit)
+	cfg.NodePortAddresses, cfg.MasqueradeAll = t.NodePortAddresses, t.MasqueradeAll
+	cfg.NoRandomFully, cfg.ConntrackTCPBeLiberal = t.NoRandomFully, t.ConntrackTCPBeLiberal
+	return cfg
 }
 
 // renderFull renders t as a full sync would on an empty kernel.
@@ -160,28 +95,17 @@ func (f *fakeRunner) EnsureRule(_ context.Context, table, chain string, rule ...
 	if _, ok := tb.chains[chain]; !ok {
 		return fmt.Errorf("fake: no chain %s/%s", table, chain)
 	}
-	text := strings.Join(quoteArgs(rule), " ")
+	text := strings.Join(dptest.QuoteArgs(rule), " ")
 	if slices.Contains(tb.chains[chain], text) {
 		return nil
 	}
-	if target := ruleTarget(text); !builtinTarget(target) {
+	if target := dptest.RuleTarget(text); !builtinTarget(target) {
 		if _, ok := tb.chains[target]; !ok {
 			return fmt.Errorf("fake: no chain %s/%s", table, target)
 		}
 	}
 	tb.chains[chain] = append([]string{text}, tb.chains[chain]...)
 	return nil
-}
-
-func quoteArgs(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if strings.ContainsRune(a, ' ') {
-			a = `"` + a + `"`
-		}
-		out[i] = a
-	}
-	return out
 }
 
 // fakeKernel holds chains as rule text (the "-A CHAIN" prefix removed).
@@ -250,7 +174,7 @@ func (k *fakeKernel) apply(data string) (int, error) {
 			// Validate jump targets, as the kernel does at commit.
 			for c, rules := range cur.chains {
 				for _, r := range rules {
-					if t := ruleTarget(r); !builtinTarget(t) {
+					if t := dptest.RuleTarget(r); !builtinTarget(t) {
 						if _, ok := cur.chains[t]; !ok {
 							return n, fmt.Errorf("chain %s jumps to missing %s", c, t)
 						}
@@ -273,7 +197,7 @@ func (k *fakeKernel) apply(data string) (int, error) {
 			if _, ok := cur.chains[c]; !ok {
 				return n, fmt.Errorf("append to missing chain %s", c)
 			}
-			if t := ruleTarget(rest); !builtinTarget(t) {
+			if t := dptest.RuleTarget(rest); !builtinTarget(t) {
 				if _, ok := cur.chains[t]; !ok {
 					return n, fmt.Errorf("jump to missing chain %s", t)
 				}
@@ -288,7 +212,7 @@ func (k *fakeKernel) apply(data string) (int, error) {
 			if _, ok := cur.chains[c]; !ok {
 				return n, fmt.Errorf("insert into missing chain %s", c)
 			}
-			if t := ruleTarget(rest); !builtinTarget(t) {
+			if t := dptest.RuleTarget(rest); !builtinTarget(t) {
 				if _, ok := cur.chains[t]; !ok {
 					return n, fmt.Errorf("jump to missing chain %s", t)
 				}
@@ -308,7 +232,7 @@ func (k *fakeKernel) apply(data string) (int, error) {
 			}
 			for other, rules := range cur.chains {
 				for _, r := range rules {
-					if ruleTarget(r) == c {
+					if dptest.RuleTarget(r) == c {
 						return n, fmt.Errorf("delete chain %s referenced by %s", c, other)
 					}
 				}
@@ -360,7 +284,7 @@ func (k *fakeKernel) dump(table string) string {
 		if c == chainServices || c == chainNodePorts {
 			// Partial syncs edit these in place: compare them as sets,
 			// but the NodePort jump must stay last.
-			if n := len(rules); n > 0 && ruleTarget(rules[n-1]) == chainNodePorts {
+			if n := len(rules); n > 0 && dptest.RuleTarget(rules[n-1]) == chainNodePorts {
 				b.WriteString("  last: " + rules[n-1] + "\n")
 				rules = rules[:n-1]
 			}
@@ -373,64 +297,7 @@ func (k *fakeKernel) dump(table string) string {
 	return b.String()
 }
 
-// ruleTarget returns the -j target of rule text.
-func ruleTarget(rule string) string {
-	args := tokenize(rule)
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-j" {
-			return args[i+1]
-		}
-	}
-	return ""
-}
-
-// tokenize splits rule text on spaces, keeping double-quoted strings.
-func tokenize(s string) []string {
-	var out []string
-	var cur strings.Builder
-	in, has := false, false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			in, has = !in, true
-		case r == ' ' && !in:
-			if has || cur.Len() > 0 {
-				out = append(out, cur.String())
-			}
-			cur.Reset()
-			has = false
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if has || cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
-}
-
 // ---- Packet tracer -------------------------------------------------------
-
-// flow is a new connection's first packet as the node sees it.
-type flow struct {
-	src, dst string
-	proto    string // tcp, udp, sctp
-	dport    int
-	// fromNode: the node itself opens the connection (nat OUTPUT);
-	// otherwise the packet arrives from a pod or a client (PREROUTING).
-	fromNode bool
-}
-
-// outcome is where one possible path of a packet ends.
-type outcome struct {
-	dnat    string // "ip:port" the packet was DNATed to, "" if none
-	verdict string // ACCEPT, DROP or REJECT, after the filter table
-	masq    bool   // masqueraded in POSTROUTING
-}
-
-func (o outcome) String() string {
-	return fmt.Sprintf("{dnat:%q verdict:%s masq:%v}", o.dnat, o.verdict, o.masq)
-}
 
 // tracer walks a packet through a fakeKernel's chains the way netfilter
 // would (nat PREROUTING or OUTPUT, routing, filter INPUT, FORWARD or
@@ -467,18 +334,18 @@ type pktState struct {
 }
 
 // trace returns every outcome the flow can have, deduplicated.
-func (tr *tracer) trace(f flow) []outcome {
+func (tr *tracer) trace(f dptest.Flow) []dptest.Outcome {
 	tr.tb.Helper()
-	start := pktState{src: netip.MustParseAddr(f.src), dst: netip.MustParseAddr(f.dst), dport: f.dport, proto: f.proto}
+	start := pktState{src: netip.MustParseAddr(f.Src), dst: netip.MustParseAddr(f.Dst), dport: f.DPort, proto: f.Proto}
 	natHook, filterHook := "PREROUTING", ""
-	if f.fromNode {
+	if f.FromNode {
 		natHook = "OUTPUT"
 	}
-	var outs []outcome
+	var outs []dptest.Outcome
 	for _, s := range tr.chain("nat", natHook, start, 0) {
 		s.verdict = ""
 		switch {
-		case f.fromNode:
+		case f.FromNode:
 			filterHook = "OUTPUT"
 		case slices.Contains(tr.local, s.dst):
 			filterHook = "INPUT"
@@ -490,17 +357,16 @@ func (tr *tracer) trace(f flow) []outcome {
 				fs.verdict = "ACCEPT"
 			}
 			if fs.verdict != "ACCEPT" || filterHook == "INPUT" {
-				outs = append(outs, outcome{dnat: fs.dnat, verdict: fs.verdict})
+				outs = append(outs, dptest.Outcome{DNAT: fs.dnat, Verdict: fs.verdict})
 				continue
 			}
 			fs.verdict = ""
 			for _, ps := range tr.chain("nat", "POSTROUTING", fs, 0) {
-				outs = append(outs, outcome{dnat: ps.dnat, verdict: "ACCEPT", masq: ps.masq})
+				outs = append(outs, dptest.Outcome{DNAT: ps.dnat, Verdict: "ACCEPT", Masq: ps.masq})
 			}
 		}
 	}
-	slices.SortFunc(outs, func(a, b outcome) int { return strings.Compare(a.String(), b.String()) })
-	return slices.Compact(outs)
+	return dptest.SortOutcomes(outs)
 }
 
 // chain evaluates chain and returns the states in which the packet can
@@ -541,7 +407,7 @@ func (tr *tracer) chain(table, chain string, s pktState, depth int) []pktState {
 
 // rule applies one rule to s and returns the resulting branches.
 func (tr *tracer) rule(table, rule string, s pktState, depth int) []pktState {
-	args := tokenize(rule)
+	args := dptest.Tokenize(rule)
 	branchProb := 1.0
 	target := ""
 	var targetArgs []string
@@ -573,9 +439,9 @@ func (tr *tracer) rule(table, rule string, s pktState, depth int) []pktState {
 		case "--dport":
 			match = val() == strconv.Itoa(s.dport)
 		case "-d":
-			match = prefixOf(val()).Contains(s.dst)
+			match = dptest.PrefixOf(val()).Contains(s.dst)
 		case "-s":
-			match = prefixOf(val()).Contains(s.src)
+			match = dptest.PrefixOf(val()).Contains(s.src)
 		case "--dst-type":
 			if val() != "LOCAL" {
 				tr.tb.Fatalf("trace: unsupported addrtype in %q", rule)
@@ -667,40 +533,4 @@ func (tr *tracer) target(table, target string, args []string, s pktState, depth 
 	}
 	// A verdict of "" continues in the caller.
 	return tr.chain(table, target, s, depth+1)
-}
-
-func prefixOf(s string) netip.Prefix {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p
-	}
-	a := netip.MustParseAddr(s)
-	return netip.PrefixFrom(a, a.BitLen())
-}
-
-// scaleServices returns n ClusterIP+NodePort Services "ns/svc-i" with
-// perSvc endpoints each, for size tests and benchmarks. Service i has
-// cluster IP 10.96.0.0+i+1 and NodePort 30000+i%2000 (reused ports are
-// fine for rule loading); endpoints are in 10.128.0.0/9.
-func scaleServices(n, perSvc int) []*pb.Service {
-	out := make([]*pb.Service, 0, n)
-	for i := range n {
-		s := svc("ns", "svc-"+strconv.Itoa(i), addrAt("10.96.0.0", i+1))
-		s.Type = pb.ServiceType_SERVICE_TYPE_NODE_PORT
-		s.Ports = []*pb.ServicePort{port("http", tcp, 80, int32(30000+i%2000), true)}
-		addrs := make([]string, perSvc)
-		for j := range perSvc {
-			addrs[j] = addrAt("10.128.0.0", i*perSvc+j+1) + ":8080"
-		}
-		s.ClusterEndpoints = []*pb.PortEndpoints{eps("http", addrs...)}
-		out = append(out, s)
-	}
-	return out
-}
-
-// addrAt returns base + off as an IPv4 address.
-func addrAt(base string, off int) string {
-	b := netip.MustParseAddr(base).As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v += uint32(off)
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
 }

@@ -71,12 +71,3 @@ func portHash(parts ...string) string {
 	enc := base32.StdEncoding.EncodeToString(h.Sum(sum[:0]))
 	return enc[:16]
 }
-
-// servicePortName is kube-proxy's ServicePortName.String(): "ns/name" with
-// ":port" appended for a named port.
-func servicePortName(key, port string) string {
-	if port == "" {
-		return key
-	}
-	return key + ":" + port
-}

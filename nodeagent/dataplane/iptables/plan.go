@@ -1,19 +1,21 @@
 package iptables
 
 import (
+	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
 	"strings"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
-// svcPlan is one Service as one family's rules need it: addresses of the
-// family only, and every per-port decision made (which chains exist, where
-// traffic goes, REJECT or DROP). Planning is separate from writing so that
-// both the dispatch rules (always written) and the per-service chains
-// (written only when the Service changed) come from the same decisions.
+// svcPlan is one Service as one family's rules need it: plan.Service's
+// addresses and per-port decisions, with the chains they need (which
+// chains exist, where traffic goes, REJECT or DROP). Planning is separate
+// from writing so that both the dispatch rules (always written) and the
+// per-service chains (written only when the Service changed) come from the
+// same decisions.
 type svcPlan struct {
 	key          string
 	clusterIP    string
@@ -32,28 +34,23 @@ type svcPlan struct {
 	ports         []portPlan
 }
 
-// portPlan is one service port's decisions, named as in kube-proxy's
-// syncProxyRules so that the two can be compared.
+// portPlan is one service port's decisions (plan.Port, named as in
+// kube-proxy's syncProxyRules so that the two can be compared) with the
+// chains they need.
 type portPlan struct {
-	name     string // service port name "ns/name:port", for comments
+	plan.Port
 	proto    string // "tcp", "udp" or "sctp"
-	port     string
-	nodePort string // "" when none
+	port     string // Port as rule text
+	nodePort string // NodePort as rule text, "" when none
 
 	svcChain, svlChain, extChain, fwChain string
 
-	clusterEps, localEps []epPlan
+	clusterEps, localEps []epPlan // PP-SVC and PP-SVL exist when not empty
 	allEps               []epPlan // every endpoint with a PP-SEP chain
 
-	hasEndpoints         bool // usable endpoints of the family anywhere
-	hasInternalEndpoints bool
-	hasExternalEndpoints bool
-	usesClusterChain     bool // PP-SVC exists
-	usesLocalChain       bool // PP-SVL exists
-	usesExternalChain    bool // PP-EXT exists
-	usesFWChain          bool // PP-FW exists
-	internalChain        string
-	externalPolicyChain  string
+	// internalChain and externalPolicyChain are PP-SVC or PP-SVL, as the
+	// internal and external traffic policies are Cluster or Local.
+	internalChain, externalPolicyChain string
 }
 
 // epPlan is one endpoint and its chain.
@@ -64,69 +61,56 @@ type epPlan struct {
 }
 
 // planService plans e for family; ok is false when the Service has no
-// cluster IP of the family and so nothing to program (kube-proxy's
-// per-family proxier never sees such a Service).
-func planService(e *pb.ServiceEntry, family Family) (plan *svcPlan, ok bool) {
-	s := e.GetService()
-	p := &svcPlan{key: e.GetKey()}
-	for _, ip := range s.GetClusterIps() {
-		if a, err := netip.ParseAddr(ip); err == nil && family.has(a.Unmap()) {
-			p.clusterIP = a.Unmap().String()
-			break
-		}
-	}
-	if p.clusterIP == "" {
+// cluster IP of the family and so nothing to program. The decisions are
+// plan.Of's; this adds the chains they need.
+func planService(e *pb.ServiceEntry, family Family) (p *svcPlan, ok bool) {
+	s, ok := plan.Of(e, plan.Family(family))
+	if !ok {
 		return nil, false
 	}
-	p.externalIPs = familyAddrs(s.GetExternalIps(), family)
-	p.lbIPs = familyAddrs(s.GetLoadBalancerIps(), family)
-	for _, r := range s.GetLoadBalancerSourceRanges() {
-		p.firewall = true
-		if pr, err := netip.ParsePrefix(r); err == nil && family.has(pr.Addr()) {
-			p.sourceRanges = append(p.sourceRanges, pr.Masked().String())
-		}
+	p = &svcPlan{
+		key:           s.Key,
+		clusterIP:     s.ClusterIP.String(),
+		externalIPs:   strs(s.ExternalIPs),
+		lbIPs:         strs(s.LoadBalancerIPs),
+		sourceRanges:  strs(s.SourceRanges),
+		firewall:      s.Firewall,
+		internalLocal: s.InternalLocal,
+		externalLocal: s.ExternalLocal,
+		hcNodePort:    s.HealthCheckNodePort,
+		ports:         make([]portPlan, 0, len(s.Ports)),
 	}
-	if a := s.GetSessionAffinity(); a != nil && a.GetTimeoutSeconds() > 0 {
-		p.affinity = strconv.Itoa(int(a.GetTimeoutSeconds()))
+	if s.AffinityTimeout > 0 {
+		p.affinity = strconv.Itoa(int(s.AffinityTimeout))
 	}
-	p.internalLocal = s.GetInternalTrafficPolicy() == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	p.externalLocal = s.GetExternalTrafficPolicy() == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	p.hcNodePort = s.GetHealthCheckNodePort()
-
-	clusterEps := endpointsByPort(s.GetClusterEndpoints(), family)
-	localEps := endpointsByPort(s.GetLocalEndpoints(), family)
-	p.ports = make([]portPlan, 0, len(s.GetPorts()))
-	for _, sp := range s.GetPorts() {
-		p.ports = append(p.ports, p.planPort(sp, clusterEps[sp.GetName()], localEps[sp.GetName()]))
+	for _, sp := range s.Ports {
+		p.ports = append(p.ports, p.planPort(&sp))
 	}
 	return p, true
 }
 
-func (p *svcPlan) planPort(sp *pb.ServicePort, cluster, local []*pb.Endpoint) portPlan {
-	pp := portPlan{
-		name:  servicePortName(p.key, sp.GetName()),
-		proto: protoName(sp.GetProtocol()),
-		port:  strconv.Itoa(int(sp.GetPort())),
+func (p *svcPlan) planPort(sp *plan.Port) portPlan {
+	pp := portPlan{Port: *sp, proto: protoName(sp.Protocol), port: strconv.Itoa(int(sp.Port))}
+	if sp.NodePort != 0 {
+		pp.nodePort = strconv.Itoa(int(sp.NodePort))
 	}
-	if sp.GetNodePort() != 0 {
-		pp.nodePort = strconv.Itoa(int(sp.GetNodePort()))
-	}
-	h := portHash(pp.name, pp.proto)
+	h := portHash(pp.Name, pp.proto)
 	pp.svcChain, pp.svlChain, pp.extChain, pp.fwChain = prefixSvc+h, prefixSvl+h, prefixExt+h, prefixFw+h
-
-	// Upstream's UsesClusterEndpoints and UsesLocalEndpoints, with
-	// external reachability judged on this family's addresses.
-	external := pp.nodePort != "" || len(p.externalIPs) > 0 || len(p.lbIPs) > 0
-	usesCluster := !p.internalLocal || external
-	usesLocal := p.internalLocal || (p.externalLocal && external)
+	pp.internalChain, pp.externalPolicyChain = pp.svcChain, pp.svcChain
+	if p.internalLocal {
+		pp.internalChain = pp.svlChain
+	}
+	if p.externalLocal {
+		pp.externalPolicyChain = pp.svlChain
+	}
 
 	seen := map[string]bool{}
-	mk := func(eps []*pb.Endpoint) []epPlan {
+	mk := func(eps []plan.Endpoint) []epPlan {
 		out := make([]epPlan, 0, len(eps))
 		for _, ep := range eps {
-			ip := netip.MustParseAddr(ep.GetIp()).Unmap().String() // parsed by endpointsByPort
-			ipPort := net.JoinHostPort(ip, strconv.Itoa(int(ep.GetPort())))
-			e := epPlan{chain: prefixSep + portHash(pp.name, pp.proto, ipPort), ip: ip, ipPort: ipPort}
+			ip := ep.Addr.String()
+			ipPort := net.JoinHostPort(ip, strconv.Itoa(int(ep.Port)))
+			e := epPlan{chain: prefixSep + portHash(pp.Name, pp.proto, ipPort), ip: ip, ipPort: ipPort}
 			out = append(out, e)
 			if !seen[e.chain] {
 				seen[e.chain] = true
@@ -135,60 +119,15 @@ func (p *svcPlan) planPort(sp *pb.ServicePort, cluster, local []*pb.Endpoint) po
 		}
 		return out
 	}
-	if usesCluster {
-		pp.clusterEps = mk(cluster)
-	}
-	if usesLocal {
-		pp.localEps = mk(local)
-	}
-
-	// has_endpoints covers both families; when the Cluster set is in use
-	// it is the whole picture for this family (the control plane falls
-	// back to terminating endpoints and to no topology before leaving it
-	// empty), so an empty set here means no endpoint of this family.
-	pp.hasEndpoints = sp.GetHasEndpoints() || len(pp.localEps) > 0
-	if usesCluster && len(pp.clusterEps) == 0 {
-		pp.hasEndpoints = false
-	}
-	pp.usesClusterChain = usesCluster && len(pp.clusterEps) > 0
-	pp.usesLocalChain = usesLocal && len(pp.localEps) > 0
-
-	pp.internalChain, pp.hasInternalEndpoints = pp.svcChain, pp.hasEndpoints
-	if p.internalLocal {
-		pp.internalChain, pp.hasInternalEndpoints = pp.svlChain, len(pp.localEps) > 0
-	}
-	pp.externalPolicyChain, pp.hasExternalEndpoints = pp.svcChain, pp.hasEndpoints
-	if p.externalLocal {
-		pp.externalPolicyChain, pp.hasExternalEndpoints = pp.svlChain, len(pp.localEps) > 0
-	}
-	// The EXT chain depends on hasEndpoints, not hasExternalEndpoints:
-	// with eTP Local and no local endpoint it still short-circuits pod and
-	// node traffic to the cluster endpoints.
-	pp.usesExternalChain = pp.hasEndpoints && external
-	pp.usesFWChain = pp.hasEndpoints && len(p.lbIPs) > 0 && p.firewall
+	pp.clusterEps, pp.localEps = mk(sp.Cluster), mk(sp.Local)
 	return pp
 }
 
-func familyAddrs(in []string, family Family) []string {
+// strs returns the values' text forms.
+func strs[T fmt.Stringer](in []T) []string {
 	var out []string
-	for _, s := range in {
-		if a, err := netip.ParseAddr(s); err == nil && family.has(a.Unmap()) {
-			out = append(out, a.Unmap().String())
-		}
-	}
-	return out
-}
-
-func endpointsByPort(in []*pb.PortEndpoints, family Family) map[string][]*pb.Endpoint {
-	out := make(map[string][]*pb.Endpoint, len(in))
-	for _, pe := range in {
-		var eps []*pb.Endpoint
-		for _, ep := range pe.GetEndpoints() {
-			if a, err := netip.ParseAddr(ep.GetIp()); err == nil && family.has(a.Unmap()) {
-				eps = append(eps, ep)
-			}
-		}
-		out[pe.GetPortName()] = eps
+	for _, v := range in {
+		out = append(out, v.String())
 	}
 	return out
 }

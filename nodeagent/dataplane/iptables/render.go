@@ -39,40 +39,20 @@ type params struct {
 const nftCacheAllChains = 500
 
 func newParams(c *Config, node *pb.NodeInfo) params {
+	set := c.settings()
 	p := params{
 		family:        c.Family,
 		mark:          fmt.Sprintf("%#08x", uint32(1)<<uint(c.MasqueradeBit)),
 		masqueradeAll: c.MasqueradeAll,
-		nodeIPs:       c.nodeIPs(),
+		nodeIPs:       set.NodeIPAddrs(),
 		dropInvalid:   !c.ConntrackTCPBeLiberal,
 		randomFully:   !c.NoRandomFully,
 	}
-	switch c.LocalMode {
-	case LocalClusterCIDR:
-		if cidr, err := c.clusterCIDR(); err == nil {
-			p.localCIDR = cidr.String()
-		}
-	case LocalNodeCIDR:
-		// Upstream takes the node's first pod CIDR of the family too.
-		for _, s := range node.GetPodCidrs() {
-			if pr, err := netip.ParsePrefix(s); err == nil && c.Family.has(pr.Addr()) {
-				p.localCIDR = pr.Masked().String()
-				break
-			}
-		}
+	if cidr := set.LocalCIDR(node); cidr.IsValid() {
+		p.localCIDR = cidr.String()
 	}
-	p.nodePortAll = len(c.NodePortAddresses) == 0
-	for _, s := range c.NodePortAddresses {
-		pr, err := netip.ParsePrefix(s)
-		if err != nil || !c.Family.has(pr.Addr()) {
-			continue
-		}
-		if pr.Bits() == 0 {
-			p.nodePortAll, p.nodePortCIDRs = true, nil
-			break
-		}
-		p.nodePortCIDRs = append(p.nodePortCIDRs, pr.Masked().String())
-	}
+	all, cidrs := set.NodePorts()
+	p.nodePortAll, p.nodePortCIDRs = all, strs(cidrs)
 	return p
 }
 
@@ -509,25 +489,25 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 	proto := []string{"-m", pp.proto, "-p", pp.proto}
 
 	internalFilter, externalFilter, internalComment, externalComment := "", "", "", ""
-	if !pp.hasEndpoints {
+	if !pp.HasEndpoints {
 		// No endpoint anywhere: reject, so clients fail fast.
 		internalFilter, externalFilter = "REJECT", "REJECT"
-		internalComment = `"` + pp.name + ` has no endpoints"`
+		internalComment = `"` + pp.Name + ` has no endpoints"`
 		externalComment = internalComment
 	} else {
 		// Endpoints exist but not on this node (policy Local): drop, so
 		// the client retries or the load balancer's health check moves
 		// traffic elsewhere, rather than seeing the service as down.
-		if !pp.hasInternalEndpoints {
-			internalFilter, internalComment = "DROP", `"`+pp.name+` has no local endpoints"`
+		if !pp.HasInternalEndpoints {
+			internalFilter, internalComment = "DROP", `"`+pp.Name+` has no local endpoints"`
 		}
-		if !pp.hasExternalEndpoints {
-			externalFilter, externalComment = "DROP", `"`+pp.name+` has no local endpoints"`
+		if !pp.HasExternalEndpoints {
+			externalFilter, externalComment = "DROP", `"`+pp.Name+` has no local endpoints"`
 		}
 	}
 
-	if pp.hasInternalEndpoints {
-		d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` cluster IP"`}, proto,
+	if pp.HasInternalEndpoints {
+		d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.Name + ` cluster IP"`}, proto,
 			[]string{"-d", plan.clusterIP, "--dport", pp.port, "-j", pp.internalChain})
 	} else {
 		f.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", internalComment}, proto,
@@ -535,11 +515,11 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 	}
 
 	for _, ip := range plan.externalIPs {
-		if pp.hasEndpoints {
-			d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` external IP"`}, proto,
+		if pp.HasEndpoints {
+			d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.Name + ` external IP"`}, proto,
 				[]string{"-d", ip, "--dport", pp.port, "-j", pp.extChain})
 		}
-		if !pp.hasExternalEndpoints {
+		if !pp.HasExternalEndpoints {
 			// Traffic the EXT chain did not short-circuit ends here.
 			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment}, proto,
 				[]string{"-d", ip, "--dport", pp.port, "-j", externalFilter})
@@ -547,22 +527,22 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 	}
 
 	lbTarget := pp.extChain
-	if pp.usesFWChain {
+	if pp.UsesFirewall {
 		lbTarget = pp.fwChain
 	}
 	for _, ip := range plan.lbIPs {
-		if pp.hasEndpoints {
-			d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.name + ` loadbalancer IP"`}, proto,
+		if pp.HasEndpoints {
+			d.writeN([]string{"-A", chainServices, "-m", "comment", "--comment", `"` + pp.Name + ` loadbalancer IP"`}, proto,
 				[]string{"-d", ip, "--dport", pp.port, "-j", lbTarget})
 		}
-		if pp.usesFWChain {
+		if pp.UsesFirewall {
 			// A packet the FW chain let through was DNATed and no longer
 			// matches; anything else still to the LB IP is dropped.
-			f.writeN([]string{"-A", chainFirewall, "-m", "comment", "--comment", `"` + pp.name + ` traffic not accepted by ` + pp.fwChain + `"`}, proto,
+			f.writeN([]string{"-A", chainFirewall, "-m", "comment", "--comment", `"` + pp.Name + ` traffic not accepted by ` + pp.fwChain + `"`}, proto,
 				[]string{"-d", ip, "--dport", pp.port, "-j", "DROP"})
 		}
 	}
-	if !pp.hasExternalEndpoints {
+	if !pp.HasExternalEndpoints {
 		for _, ip := range plan.lbIPs {
 			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment}, proto,
 				[]string{"-d", ip, "--dport", pp.port, "-j", externalFilter})
@@ -570,13 +550,13 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 	}
 
 	if pp.nodePort != "" {
-		if pp.hasEndpoints {
+		if pp.HasEndpoints {
 			// NodePorts are not subject to loadBalancerSourceRanges, as
 			// upstream: a load balancer may deliver to them.
-			d.writeN([]string{"-A", chainNodePorts, "-m", "comment", "--comment", pp.name}, proto,
+			d.writeN([]string{"-A", chainNodePorts, "-m", "comment", "--comment", pp.Name}, proto,
 				[]string{"--dport", pp.nodePort, "-j", pp.extChain})
 		}
-		if !pp.hasExternalEndpoints {
+		if !pp.HasExternalEndpoints {
 			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment,
 				"-m", "addrtype", "--dst-type", "LOCAL"}, proto,
 				[]string{"--dport", pp.nodePort, "-j", externalFilter})
@@ -592,8 +572,8 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 	// Internal traffic: masquerade what does not come from a local pod,
 	// so that replies from an endpoint on another node come back through
 	// this node (a ClusterIP route pointed at any node works).
-	if pp.hasInternalEndpoints {
-		match := []string{"-m", "comment", "--comment", `"` + pp.name + ` cluster IP"`, "-m", pp.proto, "-p", pp.proto,
+	if pp.HasInternalEndpoints {
+		match := []string{"-m", "comment", "--comment", `"` + pp.Name + ` cluster IP"`, "-m", pp.proto, "-p", pp.proto,
 			"-d", plan.clusterIP, "--dport", pp.port}
 		switch {
 		case p.masqueradeAll:
@@ -603,13 +583,13 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 		}
 	}
 
-	if pp.usesExternalChain {
+	if pp.UsesExternal {
 		c.write(chainLine(pp.extChain))
 		chains = append(chains, pp.extChain)
 		if !plan.externalLocal {
 			// Endpoints may be on other nodes: masquerade so replies
 			// return through this node.
-			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"masquerade traffic for `+pp.name+` external destinations"`,
+			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"masquerade traffic for `+pp.Name+` external destinations"`,
 				"-j", chainMarkMasq)
 		} else {
 			// Local endpoints only: keep the client's address. Pods and
@@ -617,25 +597,25 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 			// Cluster path, as if they had gone out to the load
 			// balancer and come back.
 			if p.localCIDR != "" {
-				w.write("-A", pp.extChain, "-m", "comment", "--comment", `"pod traffic for `+pp.name+` external destinations"`,
+				w.write("-A", pp.extChain, "-m", "comment", "--comment", `"pod traffic for `+pp.Name+` external destinations"`,
 					"-s", p.localCIDR, "-j", pp.svcChain)
 			}
 			// The node's own traffic has a local (often the external)
 			// source address, which an endpoint could not answer.
-			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"masquerade LOCAL traffic for `+pp.name+` external destinations"`,
+			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"masquerade LOCAL traffic for `+pp.Name+` external destinations"`,
 				"-m", "addrtype", "--src-type", "LOCAL", "-j", chainMarkMasq)
-			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"route LOCAL traffic for `+pp.name+` external destinations"`,
+			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"route LOCAL traffic for `+pp.Name+` external destinations"`,
 				"-m", "addrtype", "--src-type", "LOCAL", "-j", pp.svcChain)
 		}
-		if pp.hasExternalEndpoints {
+		if pp.HasExternalEndpoints {
 			w.write("-A", pp.extChain, "-j", pp.externalPolicyChain)
 		}
 	}
 
-	if pp.usesFWChain {
+	if pp.UsesFirewall {
 		c.write(chainLine(pp.fwChain))
 		chains = append(chains, pp.fwChain)
-		comment := []string{"-A", pp.fwChain, "-m", "comment", "--comment", `"` + pp.name + ` loadbalancer IP"`}
+		comment := []string{"-A", pp.fwChain, "-m", "comment", "--comment", `"` + pp.Name + ` loadbalancer IP"`}
 		allowFromNode := false
 		for _, cidr := range plan.sourceRanges {
 			w.writeN(comment, []string{"-s", cidr, "-j", pp.extChain})
@@ -653,15 +633,15 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 			}
 		}
 		// Falls through un-DNATed; PP-FIREWALL (filter) drops it.
-		w.write("-A", pp.fwChain, "-m", "comment", "--comment", `"other traffic to `+pp.name+` will be dropped by `+chainFirewall+`"`)
+		w.write("-A", pp.fwChain, "-m", "comment", "--comment", `"other traffic to `+pp.Name+` will be dropped by `+chainFirewall+`"`)
 	}
 
-	if pp.usesClusterChain {
+	if len(pp.clusterEps) > 0 {
 		c.write(chainLine(pp.svcChain))
 		chains = append(chains, pp.svcChain)
 		r.endpointRules(plan, pp, pp.svcChain, pp.clusterEps)
 	}
-	if pp.usesLocalChain {
+	if len(pp.localEps) > 0 {
 		c.write(chainLine(pp.svlChain))
 		chains = append(chains, pp.svlChain)
 		r.endpointRules(plan, pp, pp.svlChain, pp.localEps)
@@ -672,7 +652,7 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 		chains = append(chains, ep.chain)
 		head := []string{"-A", ep.chain}
 		if !r.large {
-			head = append(head, "-m", "comment", "--comment", pp.name)
+			head = append(head, "-m", "comment", "--comment", pp.Name)
 		}
 		// Hairpin: a pod reaching itself through the service must be
 		// masqueraded, or it would answer itself directly.
@@ -695,7 +675,7 @@ func (r *renderer) endpointRules(plan *svcPlan, pp *portPlan, chain string, eps 
 		if r.large {
 			return nil
 		}
-		return []string{"-m", "comment", "--comment", `"` + pp.name + ` -> ` + ep.ipPort + `"`}
+		return []string{"-m", "comment", "--comment", `"` + pp.Name + ` -> ` + ep.ipPort + `"`}
 	}
 	if plan.affinity != "" {
 		for _, ep := range eps {

@@ -3,12 +3,12 @@ package iptables
 import (
 	"context"
 	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -18,29 +18,16 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 // testdata/<case>.golden. Run with -update to accept a change, then read
 // the diff: it is the ruleset change under review.
 func TestGolden(t *testing.T) {
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := c.config()
-			rs := renderFull(newTable(t, testNode(), c.services()...), cfg)
-			path := filepath.Join("testdata", c.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, rs.data, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("reading golden (run with -update to create it): %v", err)
-			}
-			if got := string(rs.data); got != string(want) {
-				t.Errorf("ruleset differs from %s (run with -update and review the diff):\n%s", path, lineDiff(string(want), got))
-			}
+	for _, c := range dptest.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			cfg := caseConfig(c)
+			rs := renderFull(dptest.Table(t, dptest.Node(), c.Services()...), cfg)
+			dptest.Golden(t, c.Name, string(rs.data), *update)
 			// The kernel model must accept it: every jump target exists,
 			// nothing deleted is still referenced.
 			f := newFakeRunner()
 			d := newDataplane(cfg, map[Backend]runner{BackendNFT: f})
-			if err := d.Sync(context.Background(), newTable(t, testNode(), c.services()...), nil, true); err != nil {
+			if err := d.Sync(context.Background(), dptest.Table(t, dptest.Node(), c.Services()...), nil, true); err != nil {
 				t.Fatalf("Sync: %v", err)
 			}
 		})
@@ -51,25 +38,16 @@ func TestGolden(t *testing.T) {
 // different order, gives the same bytes (goldens and partial-sync
 // comparisons rely on it).
 func TestRenderDeterministic(t *testing.T) {
-	var all []*pb.Service
-	seen := map[string]bool{}
-	for _, c := range cases {
-		for _, s := range c.services() {
-			if k := s.Namespace + "/" + s.Name; !seen[k] {
-				seen[k] = true
-				all = append(all, s)
-			}
-		}
-	}
+	all := dptest.CaseServices()
 	cfg := testConfig(IPv4)
-	a := renderFull(newTable(t, testNode(), all...), cfg)
+	a := renderFull(dptest.Table(t, dptest.Node(), all...), cfg)
 	rev := make([]*pb.Service, len(all))
 	for i, s := range all {
 		rev[len(all)-1-i] = s
 	}
-	b := renderFull(newTable(t, testNode(), rev...), cfg)
+	b := renderFull(dptest.Table(t, dptest.Node(), rev...), cfg)
 	if string(a.data) != string(b.data) {
-		t.Fatalf("render depends on input order:\n%s", lineDiff(string(a.data), string(b.data)))
+		t.Fatalf("render depends on input order:\n%s", dptest.LineDiff(string(a.data), string(b.data)))
 	}
 }
 
@@ -78,7 +56,7 @@ func TestRenderDeterministic(t *testing.T) {
 func TestChainNames(t *testing.T) {
 	// kube-proxy's proxier_test.go expects KUBE-SVC-XPGD46QRK7WJZT7O for
 	// ns1/svc1:p80 tcp.
-	if got := prefixSvc + portHash(servicePortName("ns1/svc1", "p80"), "tcp"); got != "PP-SVC-XPGD46QRK7WJZT7O" {
+	if got := prefixSvc + portHash(plan.ServicePortName("ns1/svc1", "p80"), "tcp"); got != "PP-SVC-XPGD46QRK7WJZT7O" {
 		t.Errorf("service chain = %s, want PP-SVC-XPGD46QRK7WJZT7O", got)
 	}
 	for _, name := range []string{"PP-SVC-XPGD46QRK7WJZT7O", "PP-SEP-AAAAAAAAAAAAAAAA", "PP-FW-AAAAAAAAAAAAAAAA"} {
@@ -109,10 +87,10 @@ func TestProbability(t *testing.T) {
 // addresses, and that a Service without a cluster IP of the family is not
 // programmed at all.
 func TestFamilyFiltering(t *testing.T) {
-	v6only := svc("ns", "v6only", "fd00:96::200")
-	v6only.Ports = []*pb.ServicePort{port("", tcp, 80, 30200, true)}
-	v6only.ClusterEndpoints = []*pb.PortEndpoints{eps("", "[fd00:244:2::20]:80")}
-	tbl := newTable(t, testNode(), dualStackService(), v6only)
+	v6only := dptest.Svc("ns", "v6only", "fd00:96::200")
+	v6only.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 30200, true)}
+	v6only.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "[fd00:244:2::20]:80")}
+	tbl := dptest.Table(t, dptest.Node(), dptest.DualStackService(), v6only)
 
 	v4 := string(renderFull(tbl, testConfig(IPv4)).data)
 	v6 := string(renderFull(tbl, testConfig(IPv6)).data)
@@ -134,43 +112,24 @@ func TestFamilyFiltering(t *testing.T) {
 // TestLargeClusterDropsComments checks kube-proxy's large-cluster mode:
 // above 1000 endpoints, per-endpoint rules carry no comments.
 func TestLargeClusterDropsComments(t *testing.T) {
-	tbl := newTable(t, testNode(), scaleServices(400, 3)...)
+	tbl := dptest.Table(t, dptest.Node(), dptest.ScaleServices(400, 3)...)
 	rs := renderFull(tbl, testConfig(IPv4))
 	for _, line := range strings.Split(string(rs.data), "\n") {
 		if strings.HasPrefix(line, "-A PP-SEP-") && strings.Contains(line, "--comment") {
 			t.Fatalf("large cluster: endpoint rule has a comment: %s", line)
 		}
 	}
-	small := renderFull(newTable(t, testNode(), scaleServices(10, 3)...), testConfig(IPv4))
+	small := renderFull(dptest.Table(t, dptest.Node(), dptest.ScaleServices(10, 3)...), testConfig(IPv4))
 	if !strings.Contains(string(small.data), "-A PP-SEP-") || !strings.Contains(string(small.data), "--comment ns/svc-0:http -s") {
 		t.Fatalf("small cluster: endpoint rules lack comments")
 	}
 }
 
-// lineDiff is a minimal line diff for failure messages.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := 0; i < max(len(w), len(g)); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			b.WriteString("line " + itoa(int32(i+1)) + ":\n  want: " + wl + "\n  got:  " + gl + "\n")
-		}
-	}
-	return b.String()
-}
-
 // TestNFTListsWhenLarge checks the iptables-nft speed-up: a large nat input
 // for the nft backend starts with "-S"; small inputs and legacy ones do not.
 func TestNFTListsWhenLarge(t *testing.T) {
-	large := newTable(t, testNode(), scaleServices(200, 3)...)
-	small := newTable(t, testNode(), scaleServices(10, 3)...)
+	large := dptest.Table(t, dptest.Node(), dptest.ScaleServices(200, 3)...)
+	small := dptest.Table(t, dptest.Node(), dptest.ScaleServices(10, 3)...)
 	for _, tt := range []struct {
 		name    string
 		tbl     *proxytable.Table

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	goipt "github.com/coreos/go-iptables/iptables"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
 )
 
 // runner runs the iptables tools of one family and one backend. The
@@ -118,7 +120,7 @@ func (r *execRunner) Save(ctx context.Context, table string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, commandError(cmd, err, stderr.String())
+		return nil, tool.Failure(cmd, err, stderr.String())
 	}
 	return stdout.Bytes(), nil
 }
@@ -142,7 +144,7 @@ func (r *execRunner) EnsureRule(ctx context.Context, table, chain string, rule .
 		if lerr := lockError(check, err, stderr.String()); lerr != nil {
 			return lerr
 		}
-		return commandError(check, err, stderr.String())
+		return tool.Failure(check, err, stderr.String())
 	}
 	insert := r.command(ctx, r.bin.iptables, append(append(r.waitArgs(), "-t", table, "-I", chain, "1"), rule...)...)
 	stderr.Reset()
@@ -151,7 +153,7 @@ func (r *execRunner) EnsureRule(ctx context.Context, table, chain string, rule .
 		if lerr := lockError(insert, err, stderr.String()); lerr != nil {
 			return lerr
 		}
-		return commandError(insert, err, stderr.String())
+		return tool.Failure(insert, err, stderr.String())
 	}
 	return nil
 }
@@ -202,22 +204,10 @@ func libraryError(binary string, err error) error {
 	return err
 }
 
-func commandError(cmd *exec.Cmd, err error, stderr string) error {
-	if errors.Is(err, exec.ErrNotFound) {
-		return &MissingBinaryError{Name: cmd.Args[0], Err: err}
-	}
-	code := -1
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	}
-	return &CommandError{Args: cmd.Args, ExitCode: code, Stderr: stderr, Err: err}
-}
-
 func lockError(cmd *exec.Cmd, err error, stderr string) error {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && ee.ExitCode() == exitLockHeld && isLockMessage(stderr) {
-		return &LockError{Err: commandError(cmd, err, stderr)}
+		return &LockError{Err: tool.Failure(cmd, err, stderr)}
 	}
 	return nil
 }

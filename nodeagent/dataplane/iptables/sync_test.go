@@ -8,9 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/proto"
-
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -34,24 +33,13 @@ func newSyncer(t *testing.T, cfg Config) *syncer {
 // and returns the restore input written ("" for none) and the error.
 func (s *syncer) sync(full bool, services ...*pb.Service) (string, error) {
 	s.t.Helper()
-	return s.syncNode(full, testNode(), services...)
+	return s.syncNode(full, dptest.Node(), services...)
 }
 
 func (s *syncer) syncNode(full bool, node *pb.NodeInfo, services ...*pb.Service) (string, error) {
 	s.t.Helper()
-	next := newTable(s.t, node, services...)
-	var changed []string
-	for k, e := range next.Entries {
-		if old, ok := s.prev.Entries[k]; !ok || old.GetHash() != e.GetHash() {
-			changed = append(changed, k)
-		}
-	}
-	for k := range s.prev.Entries {
-		if _, ok := next.Entries[k]; !ok {
-			changed = append(changed, k)
-		}
-	}
-	slices.Sort(changed)
+	next := dptest.Table(s.t, node, services...)
+	changed := dptest.ChangedKeys(s.prev, next)
 	n := len(s.f.restores)
 	err := s.d.Sync(context.Background(), next, changed, full)
 	if err == nil {
@@ -85,7 +73,7 @@ func (s *syncer) assertKernelLikeFullSync() {
 	}
 	for _, table := range []string{"nat", "filter"} {
 		if got, want := s.f.kernel.dump(table), ref.kernel.dump(table); got != want {
-			s.t.Fatalf("%s table differs from a full sync of the same table:\n%s", table, lineDiff(want, got))
+			s.t.Fatalf("%s table differs from a full sync of the same table:\n%s", table, dptest.LineDiff(want, got))
 		}
 	}
 }
@@ -94,19 +82,19 @@ func declares(data, chain string) bool { return strings.Contains(data, "\n:"+cha
 
 func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	others := scaleServices(20, 2)
-	web := clusterIPTwoEndpoints()
+	others := dptest.ScaleServices(20, 2)
+	web := dptest.ClusterIPTwoEndpoints()
 	s.mustSync(true, append(others, web)...)
 
 	// One endpoint replaced: the dispatch rules stay the same.
-	web2 := clusterIPTwoEndpoints()
-	web2.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", remoteEP2+":8080")}
+	web2 := dptest.ClusterIPTwoEndpoints()
+	web2.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", dptest.RemoteEP2+":8080")}
 	data := s.mustSync(false, append(others, web2)...)
 
 	svcChain := prefixSvc + portHash("ns/web:http", "tcp")
-	oldSep := sepChain("ns/web:http", "tcp", remoteEP+":8080")
-	newSep := sepChain("ns/web:http", "tcp", remoteEP2+":8080")
-	keptSep := sepChain("ns/web:http", "tcp", localEP+":8080")
+	oldSep := sepChain("ns/web:http", "tcp", dptest.RemoteEP+":8080")
+	newSep := sepChain("ns/web:http", "tcp", dptest.RemoteEP2+":8080")
+	keptSep := sepChain("ns/web:http", "tcp", dptest.LocalEP+":8080")
 	for _, c := range []string{svcChain, newSep, keptSep} {
 		if !declares(data, c) {
 			t.Errorf("partial sync does not rewrite %s:\n%s", c, data)
@@ -129,11 +117,11 @@ func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
 
 func TestPartialSyncAddAndRemove(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	others := scaleServices(5, 2)
+	others := dptest.ScaleServices(5, 2)
 	s.mustSync(true, others...)
 
 	// Add: dispatch rewritten, only the new service's chains written.
-	data := s.mustSync(false, append(others, nodePortService())...)
+	data := s.mustSync(false, append(others, dptest.NodePortService())...)
 	if declares(data, chainServices) || !strings.Contains(data, "\n-I PP-SERVICES 1 ") || !strings.Contains(data, "\n-A PP-NODEPORTS ") {
 		t.Errorf("adding a service did not edit the dispatch chains in place:\n%s", data)
 	}
@@ -151,7 +139,7 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 		t.Errorf("removal did not delete the service's dispatch rules:\n%s", data)
 	}
 	np := portHash("ns/np", "tcp")
-	for _, c := range []string{prefixSvc + np, prefixExt + np, sepChain("ns/np", "tcp", localEP+":8080"), sepChain("ns/np", "tcp", remoteEP+":8080")} {
+	for _, c := range []string{prefixSvc + np, prefixExt + np, sepChain("ns/np", "tcp", dptest.LocalEP+":8080"), sepChain("ns/np", "tcp", dptest.RemoteEP+":8080")} {
 		if !strings.Contains(data, "\n-X "+c+"\n") || !declares(data, c) {
 			t.Errorf("removal does not flush and delete %s:\n%s", c, data)
 		}
@@ -164,11 +152,11 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 
 func TestPartialSyncLosingEndpointsRewritesFilter(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, clusterIPTwoEndpoints(), nodePortService())
-	gone := clusterIPTwoEndpoints()
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
+	gone := dptest.ClusterIPTwoEndpoints()
 	gone.Ports[0].HasEndpoints = false
 	gone.ClusterEndpoints = nil
-	data := s.mustSync(false, gone, nodePortService())
+	data := s.mustSync(false, gone, dptest.NodePortService())
 	if !strings.Contains(data, "*filter") || !strings.Contains(data, "-j REJECT") {
 		t.Errorf("service losing its endpoints did not get a REJECT:\n%s", data)
 	}
@@ -177,9 +165,9 @@ func TestPartialSyncLosingEndpointsRewritesFilter(t *testing.T) {
 
 func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, dualStackService())
-	v6changed := dualStackService()
-	v6changed.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", "[fd00:244:3::10]:8080")}
+	s.mustSync(true, dptest.DualStackService())
+	v6changed := dptest.DualStackService()
+	v6changed.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", "[fd00:244:3::10]:8080")}
 	data, err := s.sync(false, v6changed)
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +184,7 @@ func TestFullSyncPrunesStaleChains(t *testing.T) {
 		":KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]\n:CNI-HOSTPORT - [0:0]\n-A PP-SVC-OLDOLDOLDOLDOLD1 -j PP-SEP-OLDOLDOLDOLDOLD1\nCOMMIT\n"); err != nil {
 		t.Fatal(err)
 	}
-	data := s.mustSync(true, clusterIPTwoEndpoints())
+	data := s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	for _, c := range []string{"PP-SVC-OLDOLDOLDOLDOLD1", "PP-SEP-OLDOLDOLDOLDOLD1"} {
 		if !strings.Contains(data, "\n-X "+c+"\n") {
 			t.Errorf("first full sync does not delete leftover %s:\n%s", c, data)
@@ -208,7 +196,7 @@ func TestFullSyncPrunesStaleChains(t *testing.T) {
 	}
 
 	// A later full sync prunes what an earlier one wrote, from memory.
-	data = s.mustSync(true, nodePortService())
+	data = s.mustSync(true, dptest.NodePortService())
 	web := portHash("ns/web:http", "tcp")
 	if !strings.Contains(data, "\n-X "+prefixSvc+web+"\n") {
 		t.Errorf("full sync does not delete the removed service's chain:\n%s", data)
@@ -224,7 +212,7 @@ func TestFailedRestoreForcesFullSync(t *testing.T) {
 	cfg := testConfig(IPv4)
 	cfg.OnRestoreFailure = func(partial bool) { failures = append(failures, partial) }
 	s := newSyncer(t, cfg)
-	base := scaleServices(3, 2)
+	base := dptest.ScaleServices(3, 2)
 	s.mustSync(true, base...)
 
 	// A partial sync adding a service fails after the nat table
@@ -237,7 +225,7 @@ func TestFailedRestoreForcesFullSync(t *testing.T) {
 		}
 		return &RestoreError{Binary: "fake", Line: strings.Count(nat, "\n") + 2, Err: errors.New("exit status 1")}
 	}
-	_, err := s.sync(false, append(base, nodePortService(), noEndpointsService())...)
+	_, err := s.sync(false, append(base, dptest.NodePortService(), dptest.NoEndpointsService())...)
 	if !IsRestoreFailed(err) {
 		t.Fatalf("Sync error = %v, want a RestoreError", err)
 	}
@@ -276,7 +264,7 @@ func TestRestoreErrorNamesService(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := s.sync(true, clusterIPTwoEndpoints(), nodePortService())
+	_, err := s.sync(true, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
 	var re *RestoreError
 	if !errors.As(err, &re) {
 		t.Fatalf("Sync error = %v, want a RestoreError", err)
@@ -293,13 +281,13 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 	cfg := testConfig(IPv4)
 	cfg.LocalMode = LocalNodeCIDR
 	s := newSyncer(t, cfg)
-	if _, err := s.syncNode(true, testNode(), clusterIPTwoEndpoints()); err != nil {
+	if _, err := s.syncNode(true, dptest.Node(), dptest.ClusterIPTwoEndpoints()); err != nil {
 		t.Fatal(err)
 	}
-	node := testNode()
+	node := dptest.Node()
 	node.PodCidrs = []string{"10.244.9.0/24"}
 	node.Hash = 8
-	data, err := s.syncNode(false, node, clusterIPTwoEndpoints())
+	data, err := s.syncNode(false, node, dptest.ClusterIPTwoEndpoints())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,22 +299,22 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 
 func TestJumpsEnsured(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, clusterIPTwoEndpoints())
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	if s.f.ensured != len(jumps) {
 		t.Errorf("ensured %d jumps, want %d", s.f.ensured, len(jumps))
 	}
 	nat := s.f.kernel.tables["nat"]
-	if got := nat.chains["PREROUTING"]; len(got) != 1 || ruleTarget(got[0]) != chainServices {
+	if got := nat.chains["PREROUTING"]; len(got) != 1 || dptest.RuleTarget(got[0]) != chainServices {
 		t.Errorf("nat PREROUTING = %q", got)
 	}
 	// Idempotent: a second full sync adds nothing.
-	s.mustSync(true, clusterIPTwoEndpoints())
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	if got := nat.chains["PREROUTING"]; len(s.f.kernel.tables["nat"].chains["PREROUTING"]) != 1 {
 		t.Errorf("nat PREROUTING after two syncs = %q", got)
 	}
 	// Partial syncs leave jumps alone.
 	n := s.f.ensured
-	s.mustSync(false, nodePortService())
+	s.mustSync(false, dptest.NodePortService())
 	if s.f.ensured != n {
 		t.Errorf("partial sync ensured jumps")
 	}
@@ -339,108 +327,12 @@ func TestPartialSyncsConverge(t *testing.T) {
 	for _, family := range []Family{IPv4, IPv6} {
 		t.Run(family.String(), func(t *testing.T) {
 			s := newSyncer(t, testConfig(family))
-			services := map[string]*pb.Service{}
-			current := func() []*pb.Service {
-				out := make([]*pb.Service, 0, len(services))
-				for _, k := range slices.Sorted(mapsKeys(services)) {
-					out = append(out, services[k])
-				}
-				return out
-			}
 			s.mustSync(true)
-			for step := range 200 {
-				mutate(rng, services)
-				full := step%50 == 49
-				if _, err := s.sync(full, current()...); err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				s.assertKernelLikeFullSync()
-			}
+			dptest.Converge(t, rng, func(full bool, services ...*pb.Service) error {
+				_, err := s.sync(full, services...)
+				return err
+			}, s.assertKernelLikeFullSync)
 		})
-	}
-}
-
-func mapsKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-// mutate makes one random change to services: add, remove, or change a
-// Service's endpoints, policies, addresses or affinity.
-func mutate(rng *rand.Rand, services map[string]*pb.Service) {
-	name := "s" + itoa(int32(rng.IntN(8)))
-	s, ok := services[name]
-	if ok {
-		// The previous table holds s: change a copy.
-		s = proto.CloneOf(s)
-		services[name] = s
-	}
-	if !ok || rng.IntN(6) == 0 {
-		if ok && rng.IntN(2) == 0 {
-			delete(services, name)
-			return
-		}
-		n := int(name[1] - '0')
-		s = svc("ns", name, addrAt("10.96.1.0", n+1), "fd00:96::1:"+itoa(int32(n+1)))
-		s.Ports = []*pb.ServicePort{port("a", tcp, 80, 0, true), port("b", udp, 53, 0, true)}
-		services[name] = s
-	}
-	// Rebuild the endpoint sets from scratch with random choices.
-	pick := func() []string {
-		var out []string
-		for i := range 4 {
-			if rng.IntN(2) == 0 {
-				out = append(out, addrAt("10.244.1.0", 10+i)+":8080", "[fd00:244:1::"+itoa(int32(10+i))+"]:8080")
-			}
-		}
-		for i := range 3 {
-			if rng.IntN(2) == 0 {
-				out = append(out, addrAt("10.244.2.0", 10+i)+":8080", "[fd00:244:2::"+itoa(int32(10+i))+"]:8080")
-			}
-		}
-		return out
-	}
-	switch rng.IntN(5) {
-	case 0:
-		s.ExternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
-		s.InternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
-	case 1:
-		s.Type = pb.ServiceType_SERVICE_TYPE_LOAD_BALANCER
-		s.LoadBalancerIps = []string{addrAt("198.51.100.0", int(s.Name[1]-'0')+1)}
-		s.Ports[0].NodePort = int32(30000 + int(s.Name[1]-'0'))
-		if rng.IntN(2) == 0 {
-			s.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
-		} else {
-			s.LoadBalancerSourceRanges = nil
-		}
-	case 2:
-		if s.SessionAffinity == nil {
-			s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: 60}
-		} else {
-			s.SessionAffinity = nil
-		}
-	}
-	s.ClusterEndpoints, s.LocalEndpoints = nil, nil
-	for _, p := range s.Ports {
-		all := pick()
-		p.HasEndpoints = len(all) > 0
-		if len(all) > 0 {
-			s.ClusterEndpoints = append(s.ClusterEndpoints, eps(p.Name, all...))
-		}
-		var local []string
-		for _, a := range all {
-			if strings.HasPrefix(a, "10.244.1.") || strings.HasPrefix(a, "[fd00:244:1::") {
-				local = append(local, a)
-			}
-		}
-		if len(local) > 0 && (s.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL || s.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL) {
-			s.LocalEndpoints = append(s.LocalEndpoints, eps(p.Name, local...))
-		}
 	}
 }
 
@@ -449,9 +341,9 @@ func mutate(rng *rand.Rand, services map[string]*pb.Service) {
 // flushing PREROUTING), fall back to installing them one by one.
 func TestJumpsRepaired(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, clusterIPTwoEndpoints())
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	n := s.f.ensured
-	data := s.mustSync(true, clusterIPTwoEndpoints())
+	data := s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	if !strings.Contains(data, "\n-D PREROUTING ") || !strings.Contains(data, "\n-I PREROUTING 1 ") {
 		t.Fatalf("full sync does not re-assert the jumps in the restore:\n%s", data)
 	}
@@ -460,8 +352,8 @@ func TestJumpsRepaired(t *testing.T) {
 	}
 
 	s.f.kernel.tables["nat"].chains["PREROUTING"] = nil // flushed by someone
-	s.mustSync(true, clusterIPTwoEndpoints())
-	if got := s.f.kernel.tables["nat"].chains["PREROUTING"]; len(got) != 1 || ruleTarget(got[0]) != chainServices {
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
+	if got := s.f.kernel.tables["nat"].chains["PREROUTING"]; len(got) != 1 || dptest.RuleTarget(got[0]) != chainServices {
 		t.Fatalf("PREROUTING after repair = %q", got)
 	}
 	if s.f.ensured != n+len(jumps) {

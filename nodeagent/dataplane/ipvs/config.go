@@ -9,6 +9,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
 // Family is the IP family one Dataplane programs. IPVS holds both families
@@ -25,48 +28,40 @@ const (
 )
 
 // String returns "IPv4" or "IPv6".
-func (f Family) String() string {
-	switch f {
-	case IPv4:
-		return "IPv4"
-	case IPv6:
-		return "IPv6"
-	}
-	return fmt.Sprintf("Family(%d)", int(f))
-}
+func (f Family) String() string { return plan.Family(f).String() }
 
 // has reports whether a belongs to the family.
-func (f Family) has(a netip.Addr) bool { return a.Is4() == (f == IPv4) }
+func (f Family) has(a netip.Addr) bool { return plan.Family(f).Has(a) }
 
 // LocalMode says how the rules tell traffic from local pods from other
 // traffic, as kube-proxy's --detect-local-mode.
-type LocalMode string
+type LocalMode = plan.LocalMode
 
 const (
 	// LocalNone cannot tell pod traffic apart: only the node's own
 	// ClusterIP traffic is masqueraded (unless MasqueradeAll), and
 	// externalTrafficPolicy Local addresses without a local endpoint drop
 	// pod traffic too.
-	LocalNone LocalMode = "None"
+	LocalNone = plan.LocalNone
 	// LocalClusterCIDR treats sources in Config.ClusterCIDRs as pods.
-	LocalClusterCIDR LocalMode = "ClusterCIDR"
+	LocalClusterCIDR = plan.LocalClusterCIDR
 	// LocalNodeCIDR treats sources in the node's pod CIDRs (the table's
 	// NodeInfo.pod_cidrs) as pods.
-	LocalNodeCIDR LocalMode = "NodeCIDR"
+	LocalNodeCIDR = plan.LocalNodeCIDR
 )
 
 // Backend names the iptables implementation the few rules IPVS mode needs
-// are written to.
-type Backend string
+// are written to; it is detected as the iptables dataplane detects it
+// (iptables.DetectBackend).
+type Backend = iptables.Backend
 
 const (
-	// BackendAuto detects the backend the node already uses, as the
-	// iptables dataplane does (see detect.go).
-	BackendAuto Backend = "auto"
+	// BackendAuto detects the backend the node already uses.
+	BackendAuto = iptables.BackendAuto
 	// BackendNFT uses iptables-nft-restore and friends.
-	BackendNFT Backend = "nft"
+	BackendNFT = iptables.BackendNFT
 	// BackendLegacy uses iptables-legacy-restore and friends.
-	BackendLegacy Backend = "legacy"
+	BackendLegacy = iptables.BackendLegacy
 )
 
 // Schedulers lists the IPVS schedulers Config.Scheduler accepts. All are in
@@ -87,10 +82,9 @@ const (
 	// mark, which other components avoid by convention.
 	DefaultMasqueradeBit = 14
 	// DefaultLockWait bounds how long legacy iptables waits for the
-	// xtables lock (shared by every namespace on the host): long enough to
-	// ride out another writer, short enough that a stuck holder becomes a
-	// reported error and a retried sync.
-	DefaultLockWait = 5 * time.Second
+	// xtables lock, as in the iptables dataplane (see
+	// iptables.DefaultLockWait).
+	DefaultLockWait = iptables.DefaultLockWait
 )
 
 // Config configures a Dataplane. The zero value is not usable: start from
@@ -204,38 +198,7 @@ func (c *Config) Validate() error {
 	if c.Interface == "" || len(c.Interface) > maxInterfaceName || strings.ContainsAny(c.Interface, "/ \t\n:") {
 		errs = append(errs, fmt.Errorf("interface %q: want 1 to %d characters without '/', ':' or spaces", c.Interface, maxInterfaceName))
 	}
-	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
-		errs = append(errs, fmt.Errorf("masquerade bit %d: want 0 to 31", c.MasqueradeBit))
-	}
-	switch c.LocalMode {
-	case "", LocalNone, LocalNodeCIDR:
-	case LocalClusterCIDR:
-		if c.Family == IPv4 || c.Family == IPv6 {
-			if _, err := c.clusterCIDR(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	default:
-		errs = append(errs, fmt.Errorf("local mode %q: want ClusterCIDR, NodeCIDR or None", c.LocalMode))
-	}
-	for _, s := range c.NodePortAddresses {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("nodePortAddresses: %w", err))
-			continue
-		}
-		// A virtual server on 127.0.0.1 would need route_localnet, a hole
-		// kube-proxy has to plug (kubernetes#90259); not offered, as in
-		// the iptables dataplane.
-		if p.Bits() != 0 && (p.Overlaps(loopback4) || p.Overlaps(loopback6)) {
-			errs = append(errs, fmt.Errorf("nodePortAddresses %s: loopback NodePorts are not supported", s))
-		}
-	}
-	for _, s := range c.NodeIPs {
-		if _, err := netip.ParseAddr(s); err != nil {
-			errs = append(errs, fmt.Errorf("nodeIPs: %w", err))
-		}
-	}
+	errs = append(errs, c.settings().Validate()...)
 	for _, s := range c.ExcludeCIDRs {
 		if _, err := netip.ParsePrefix(s); err != nil {
 			errs = append(errs, fmt.Errorf("excludeCIDRs: %w", err))
@@ -258,11 +221,6 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-var (
-	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
-	loopback6 = netip.MustParsePrefix("::1/128")
-)
-
 // withDefaults fills what Validate lets be empty.
 func withDefaults(c Config) Config {
 	if c.Backend == "" {
@@ -282,48 +240,10 @@ func withDefaults(c Config) Config {
 	return c
 }
 
-// clusterCIDR returns the configured cluster CIDR of the family: iptables
-// cannot negate a list of sources, so, like kube-proxy, one CIDR per family
-// is supported.
-func (c *Config) clusterCIDR() (netip.Prefix, error) {
-	var found []netip.Prefix
-	for _, s := range c.ClusterCIDRs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("clusterCIDRs: %w", err)
-		}
-		if c.Family.has(p.Addr()) {
-			found = append(found, p.Masked())
-		}
+// settings returns the fields every dataplane has, for package plan.
+func (c *Config) settings() plan.Settings {
+	return plan.Settings{
+		Family: plan.Family(c.Family), MasqueradeBit: c.MasqueradeBit, LocalMode: c.LocalMode,
+		ClusterCIDRs: c.ClusterCIDRs, NodePortAddresses: c.NodePortAddresses, NodeIPs: c.NodeIPs,
 	}
-	switch len(found) {
-	case 0:
-		return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: none of family %v for ClusterCIDR mode", c.ClusterCIDRs, c.Family)
-	case 1:
-		return found[0], nil
-	}
-	return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: more than one of family %v", c.ClusterCIDRs, c.Family)
-}
-
-// prefixesOf parses the CIDRs of the family in ss (validated already).
-func (c *Config) prefixesOf(ss []string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, s := range ss {
-		if p, err := netip.ParsePrefix(s); err == nil && c.Family.has(p.Addr()) {
-			out = append(out, p.Masked())
-		}
-	}
-	return out
-}
-
-// nodeIPs returns the configured node addresses of the family.
-func (c *Config) nodeIPs() []netip.Addr {
-	var out []netip.Addr
-	for _, s := range c.NodeIPs {
-		if a, err := netip.ParseAddr(s); err == nil && c.Family.has(a.Unmap()) {
-			out = append(out, a.Unmap())
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
 }

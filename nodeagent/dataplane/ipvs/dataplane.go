@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -44,19 +47,12 @@ var _ dataplane.Dataplane = (*Dataplane)(nil)
 
 // Stats counts what the Dataplane did, for the agent's metrics.
 type Stats struct {
+	dataplane.SyncStats
 	// Backend is the iptables backend in use; "" until the first Sync
 	// detects it.
 	Backend Backend
-	// FullSyncs and PartialSyncs count successful syncs (a partial sync
-	// that had to become full counts as full); Failures counts failed
-	// ones.
-	FullSyncs, PartialSyncs, Failures uint64
-	// LastSync is when the last successful Sync ended, and
-	// LastSyncDuration how long it took.
-	LastSync         time.Time
-	LastSyncDuration time.Duration
-	// Services is the number of Services of the family in force.
-	Services int
+	// Failures counts failed syncs.
+	Failures uint64
 	// VirtualServers and RealServers count what is in force; Draining is
 	// the real servers among them kept at weight 0 until their
 	// connections end.
@@ -110,7 +106,7 @@ func newChecked(cfg Config, check familyChecker, open func(*Config) (*seams, err
 // openSeams opens the real kernel interfaces for cfg.
 func openSeams(cfg *Config) (*seams, error) {
 	k := &seams{sysctl: procSysctl{ns: cfg.NetNS}, iptables: map[Backend]iptablesRunner{}}
-	t, err := newExecTool(cfg.CommandPrefix, "ipset")
+	t, err := tool.New(cfg.CommandPrefix, "ipset")
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +215,7 @@ func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []str
 
 func (d *Dataplane) sync(ctx context.Context, t *proxytable.Table, changed []string, full bool, start time.Time) error {
 	if d.ipt == nil {
-		b, err := detectBackend(ctx, d.k.iptables)
+		b, err := iptables.DetectBackend(ctx, chainServices, d.k.iptables[BackendNFT], d.k.iptables[BackendLegacy])
 		if err != nil {
 			return err
 		}
@@ -269,14 +265,7 @@ func (d *Dataplane) sync(ctx context.Context, t *proxytable.Table, changed []str
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if full {
-		d.stats.FullSyncs++
-	} else {
-		d.stats.PartialSyncs++
-	}
-	d.stats.LastSync = time.Now()
-	d.stats.LastSyncDuration = d.stats.LastSync.Sub(start)
-	d.stats.Services = len(d.plans)
+	d.stats.Succeeded(full, start, len(d.plans))
 	d.stats.VirtualServers, d.stats.RealServers, d.stats.Draining = len(cur.vss), 0, 0
 	for _, v := range cur.vss {
 		d.stats.RealServers += len(v.dests)
@@ -320,7 +309,7 @@ func (d *Dataplane) readKernel(ctx context.Context) (*kernelState, error) {
 	if err != nil {
 		return nil, kernelOp("list", "virtual servers", "", err)
 	}
-	exclude := d.cfg.prefixesOf(d.cfg.ExcludeCIDRs)
+	exclude := plan.Family(d.cfg.Family).Prefixes(d.cfg.ExcludeCIDRs)
 	for _, vs := range vss {
 		if !d.cfg.Family.has(vs.Addr) || slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
 			continue

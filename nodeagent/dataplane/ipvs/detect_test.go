@@ -2,53 +2,28 @@ package ipvs
 
 import (
 	"context"
-	"errors"
 	"testing"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 )
 
-// saveRunner is an iptablesRunner whose Save prints canned dumps.
-type saveRunner struct {
-	iptablesRunner
-	dumps map[string]string
-	err   error
-}
+// saveRunner is an iptables.Saver that prints canned dumps.
+type saveRunner struct{ dumps map[string]string }
 
 func (r saveRunner) Save(_ context.Context, table string) ([]byte, error) {
-	return []byte(r.dumps[table]), r.err
+	return []byte(r.dumps[table]), nil
 }
 
-func TestDetectBackend(t *testing.T) {
-	empty := saveRunner{dumps: map[string]string{}}
+// TestDetectBackendKnowsOurChain checks that detection (the iptables
+// dataplane's) is given this dataplane's own chain: a node whose
+// PP-IPVS-SERVICES is in legacy stays on legacy, whatever the hints say.
+func TestDetectBackendKnowsOurChain(t *testing.T) {
 	ours := saveRunner{dumps: map[string]string{"nat": ":PP-IPVS-SERVICES - [0:0]\n"}}
 	hint := saveRunner{dumps: map[string]string{"mangle": ":KUBE-IPTABLES-HINT - [0:0]\n"}}
-	busy := saveRunner{dumps: map[string]string{"filter": "-A INPUT -j ACCEPT\n-A INPUT -j DROP\n"}}
-	broken := saveRunner{err: errors.New("exit status 1")}
-	for _, tt := range []struct {
-		name        string
-		nft, legacy iptablesRunner
-		want        Backend
-	}{
-		{"empty node: nft", empty, empty, BackendNFT},
-		{"our chains in legacy", hint, ours, BackendLegacy},
-		{"kubelet's hint in legacy", empty, hint, BackendLegacy},
-		{"more rules in legacy", empty, busy, BackendLegacy},
-		{"legacy tools broken", empty, broken, BackendNFT},
-		{"only legacy installed", nil, empty, BackendLegacy},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			runners := map[Backend]iptablesRunner{}
-			if tt.nft != nil {
-				runners[BackendNFT] = tt.nft
-			}
-			runners[BackendLegacy] = tt.legacy
-			got, err := detectBackend(context.Background(), runners)
-			if err != nil || got != tt.want {
-				t.Errorf("detectBackend = %v, %v; want %v", got, err, tt.want)
-			}
-		})
-	}
-	if _, err := detectBackend(context.Background(), map[Backend]iptablesRunner{BackendNFT: broken, BackendLegacy: broken}); err == nil {
-		t.Errorf("detectBackend with every backend broken succeeded")
+	got, err := iptables.DetectBackend(context.Background(), chainServices, hint, ours)
+	if err != nil || got != BackendLegacy {
+		t.Errorf("DetectBackend = %v, %v; want legacy", got, err)
 	}
 }
 
@@ -66,7 +41,7 @@ func TestAutoBackendDetectedAtFirstSync(t *testing.T) {
 	if got := d.Stats().Backend; got != "" {
 		t.Errorf("Backend before the first Sync = %q", got)
 	}
-	if err := d.Sync(context.Background(), newTable(t, testNode(0)), nil, true); err != nil {
+	if err := d.Sync(context.Background(), dptest.Table(t, testNode(0)), nil, true); err != nil {
 		t.Fatal(err)
 	}
 	if got := d.Stats().Backend; got != BackendLegacy || len(legacy.restores) != 1 || len(k.iptables[IPv4].restores) != 0 {

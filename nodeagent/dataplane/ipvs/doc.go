@@ -6,9 +6,10 @@
 //
 // The work is split by job:
 //
-//   - plan.go turns a proxytable.Table into the wanted kernel state: virtual
-//     servers with their real servers, the addresses bound to the dummy
-//     link, and the members of each ipset. rules.go writes the few iptables
+//   - plan.go turns a proxytable.Table, with the per-port decisions of
+//     package plan, into the wanted kernel state: virtual servers with
+//     their real servers, the addresses bound to the dummy link, and the
+//     members of each ipset. rules.go writes the few iptables
 //     rules IPVS mode needs (masquerade, source ranges, drops, the access
 //     filter), which depend on the configuration only; sets.go names the
 //     sets and writes `ipset restore` input. All of it is pure: no I/O, no
@@ -16,7 +17,8 @@
 //   - kernel.go declares the kernel seams (IPVS, links, sysctls, ipset,
 //     iptables) as small interfaces; netlink.go implements the first three
 //     with github.com/moby/ipvs and github.com/vishvananda/netlink, exec.go
-//     the tools.
+//     the tools (through package tool; the iptables backend is detected
+//     by the iptables dataplane's iptables.DetectBackend).
 //   - dataplane.go is the Dataplane: the IPVS check at New, full syncs
 //     (read the kernel, repair drift) and partial ones (change what
 //     differs), and graceful draining of removed real servers.

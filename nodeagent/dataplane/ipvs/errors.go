@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
 )
 
 // ErrInvalidConfig is wrapped by every Config validation failure.
@@ -90,7 +92,7 @@ func (e *RestoreError) Error() string {
 		fmt.Fprintf(&b, " %q", e.Rule)
 	}
 	if s := strings.TrimSpace(e.Stderr); s != "" {
-		fmt.Fprintf(&b, ": %s", firstLine(s))
+		fmt.Fprintf(&b, ": %s", tool.FirstLine(s))
 	}
 	fmt.Fprintf(&b, ": %v", e.Err)
 	return b.String()
@@ -107,28 +109,7 @@ func IsRestoreFailed(err error) bool {
 
 // CommandError is a failed command other than a restore (ipset save,
 // iptables -C, iptables-save).
-type CommandError struct {
-	// Args is the command line, prefix included.
-	Args []string
-	// ExitCode is the process exit code, -1 when it did not exit.
-	ExitCode int
-	// Stderr is what the command printed.
-	Stderr string
-	// Err is the process error.
-	Err error
-}
-
-// Error describes the command and its first line of stderr.
-func (e *CommandError) Error() string {
-	s := fmt.Sprintf("%s: %v", strings.Join(e.Args, " "), e.Err)
-	if st := strings.TrimSpace(e.Stderr); st != "" {
-		s += ": " + firstLine(st)
-	}
-	return s
-}
-
-// Unwrap returns the process error.
-func (e *CommandError) Unwrap() error { return e.Err }
+type CommandError = tool.CommandError
 
 // IsCommandFailed reports whether err is (or wraps) a CommandError.
 func IsCommandFailed(err error) bool {
@@ -138,34 +119,10 @@ func IsCommandFailed(err error) bool {
 
 // MissingBinaryError says a tool the Dataplane needs is not installed:
 // ipset (package ipset) or the iptables tools (package iptables).
-type MissingBinaryError struct {
-	// Name is the binary looked for.
-	Name string
-	// Err is the lookup error.
-	Err error
-}
-
-// Error names the missing tool and the package that provides it.
-func (e *MissingBinaryError) Error() string {
-	pkg := "iptables"
-	if e.Name == "ipset" {
-		pkg = "ipset"
-	}
-	return fmt.Sprintf("%s not found (install %s): %v", e.Name, pkg, e.Err)
-}
-
-// Unwrap returns the lookup error.
-func (e *MissingBinaryError) Unwrap() error { return e.Err }
+type MissingBinaryError = tool.MissingBinaryError
 
 // IsMissingBinary reports whether err is (or wraps) a MissingBinaryError.
 func IsMissingBinary(err error) bool {
 	var me *MissingBinaryError
 	return errors.As(err, &me)
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // fakeKernel models one network namespace behind every seam: IPVS, links,
@@ -604,7 +606,7 @@ func (f *fakeIPTables) Restore(_ context.Context, data []byte, flags ...string) 
 // check refuses what the kernel would: a jump to a missing chain, a match
 // on a missing set, a DROP in nat.
 func (f *fakeIPTables) check(chains map[string][]string, rule string) error {
-	args := tokenize(rule)
+	args := dptest.Tokenize(rule)
 	for i, a := range args {
 		if a == "--match-set" && i+1 < len(args) {
 			if f.k.ipset.sets[args[i+1]] == nil {
@@ -612,7 +614,7 @@ func (f *fakeIPTables) check(chains map[string][]string, rule string) error {
 			}
 		}
 	}
-	if t := ruleTarget(rule); !builtinTarget(t) {
+	if t := dptest.RuleTarget(rule); !builtinTarget(t) {
 		if _, ok := chains[t]; !ok {
 			return fmt.Errorf("jump to missing chain %s", t)
 		}
@@ -641,7 +643,7 @@ func (f *fakeIPTables) EnsureRule(_ context.Context, table, chain string, rule .
 	if _, ok := chains[chain]; !ok {
 		return fmt.Errorf("fake: no chain %s/%s", table, chain)
 	}
-	text := strings.Join(quoteArgs(rule), " ")
+	text := strings.Join(dptest.QuoteArgs(rule), " ")
 	if slices.Contains(chains[chain], text) {
 		return nil
 	}
@@ -672,59 +674,12 @@ func (f *fakeIPTables) dump(table string) string {
 	return b.String()
 }
 
-func quoteArgs(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if strings.ContainsRune(a, ' ') {
-			a = `"` + a + `"`
-		}
-		out[i] = a
-	}
-	return out
-}
-
 func builtinTarget(t string) bool {
 	switch t {
 	case "", "ACCEPT", "DROP", "REJECT", "RETURN", "MARK", "MASQUERADE":
 		return true
 	}
 	return false
-}
-
-// ruleTarget returns the -j target of rule text.
-func ruleTarget(rule string) string {
-	args := tokenize(rule)
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "-j" {
-			return args[i+1]
-		}
-	}
-	return ""
-}
-
-// tokenize splits rule text on spaces, keeping double-quoted strings.
-func tokenize(s string) []string {
-	var out []string
-	var cur strings.Builder
-	in, has := false, false
-	for _, r := range s {
-		switch {
-		case r == '"':
-			in, has = !in, true
-		case r == ' ' && !in:
-			if has || cur.Len() > 0 {
-				out = append(out, cur.String())
-			}
-			cur.Reset()
-			has = false
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if has || cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
 }
 
 // dump is the whole kernel state of family, for goldens and comparisons:

@@ -3,36 +3,15 @@ package ipvs
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current code")
-
-// golden compares got with testdata/name.golden (or writes it with
-// -update). Review the diff of an update: it is the change under review.
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("reading golden (run with -update to create it): %v", err)
-	}
-	if got != string(want) {
-		t.Errorf("state differs from %s (run with -update and review the diff):\n%s", path, lineDiff(string(want), got))
-	}
-}
 
 // runChecks traces each check's packet on its node.
 func runChecks(t *testing.T, nodes [2]*node, checks []check) {
@@ -57,7 +36,7 @@ func TestFlowCases(t *testing.T) {
 			nodes := [2]*node{newNode(t, 0, nil), newNode(t, 1, nil)}
 			for k, n := range nodes {
 				n.mustSync(true, c.services(k)...)
-				golden(t, fmt.Sprintf("%s.node-%d", c.svc, k), n.dump())
+				dptest.Golden(t, fmt.Sprintf("%s.node-%d", c.svc, k), n.dump(), *update)
 			}
 			runChecks(t, nodes, c.checks)
 			if c.update == nil {
@@ -68,7 +47,7 @@ func TestFlowCases(t *testing.T) {
 					c.conns(n.kern)
 				}
 				n.mustSync(false, c.update(k)...)
-				golden(t, fmt.Sprintf("%s.node-%d.after", c.svc, k), n.dump())
+				dptest.Golden(t, fmt.Sprintf("%s.node-%d.after", c.svc, k), n.dump(), *update)
 			}
 			runChecks(t, nodes, c.after)
 		})
@@ -110,7 +89,7 @@ func TestRulesGolden(t *testing.T) {
 				ipt := n.kern.iptables[f]
 				fmt.Fprintf(&b, "## %v nat\n%s## %v filter\n%s", f, ipt.dump("nat"), f, ipt.dump("filter"))
 			}
-			golden(t, tt.name, b.String())
+			dptest.Golden(t, tt.name, b.String(), *update)
 			// The rules do not depend on the Services.
 			before := len(n.kern.iptables[IPv4].restores)
 			n.mustSync(true, flowCases[0].services(0)...)

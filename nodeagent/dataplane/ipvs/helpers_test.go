@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
-	"google.golang.org/protobuf/proto"
-
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -162,32 +159,6 @@ func (s svcSpec) build(k int) *pb.Service {
 	return out
 }
 
-// newTable validates entries into a Table the way the agent would receive
-// it: entry hashes from content, the version their sum.
-func newTable(tb testing.TB, node *pb.NodeInfo, services ...*pb.Service) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(services))
-	sum := node.GetHash()
-	for _, s := range services {
-		e := entry(s)
-		entries = append(entries, e)
-		sum += e.GetHash()
-	}
-	t, err := proxytable.FromEntries(fmt.Sprintf("%016x", sum), node, entries)
-	if err != nil {
-		tb.Fatalf("building table: %v", err)
-	}
-	return t
-}
-
-func entry(s *pb.Service) *pb.ServiceEntry {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(s)
-	if err != nil {
-		panic(err)
-	}
-	return &pb.ServiceEntry{Key: s.Namespace + "/" + s.Name, Hash: xxhash.Sum64(b), Service: s}
-}
-
 // node is one node of a unit test: a fake kernel and both families'
 // Dataplanes on it.
 type node struct {
@@ -218,19 +189,8 @@ func newNode(t testing.TB, k int, cfg func(*Config)) *node {
 // previous table (changed keys computed as proxytable.Apply reports them).
 func (n *node) sync(full bool, services ...*pb.Service) error {
 	n.t.Helper()
-	next := newTable(n.t, testNode(n.k), services...)
-	var changed []string
-	for key, e := range next.Entries {
-		if old, ok := n.prev.Entries[key]; !ok || old.GetHash() != e.GetHash() {
-			changed = append(changed, key)
-		}
-	}
-	for key := range n.prev.Entries {
-		if _, ok := next.Entries[key]; !ok {
-			changed = append(changed, key)
-		}
-	}
-	slices.Sort(changed)
+	next := dptest.Table(n.t, testNode(n.k), services...)
+	changed := dptest.ChangedKeys(n.prev, next)
 	var errs []string
 	for _, f := range []Family{IPv4, IPv6} {
 		if err := n.dps[f].Sync(context.Background(), next, changed, full); err != nil {
@@ -256,25 +216,6 @@ func (n *node) dump() string {
 	var b strings.Builder
 	for _, f := range []Family{IPv4, IPv6} {
 		fmt.Fprintf(&b, "## %v\n%s", f, n.kern.dump(f))
-	}
-	return b.String()
-}
-
-// lineDiff is a minimal line diff for failure messages.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := range max(len(w), len(g)) {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "line %d:\n  want: %s\n  got:  %s\n", i+1, wl, gl)
-		}
 	}
 	return b.String()
 }

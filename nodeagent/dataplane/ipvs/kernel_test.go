@@ -15,6 +15,8 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
 )
 
 // The kernel tests run as root (CI does) and skip otherwise. The first
@@ -69,7 +71,7 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 				c := testConfig(f, 0)
 				c.Backend, c.NetNS = backend, filepath.Join("/run/netns", ns)
 				c = withDefaults(c) // commands run under nsenter
-				tool, err := newExecTool(c.CommandPrefix, "ipset")
+				ipsetTool, err := tool.New(c.CommandPrefix, "ipset")
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -77,7 +79,7 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ipset = execIPSet{tool}
+				ipset = execIPSet{ipsetTool}
 				s := real.kern.seams(f)
 				s.ipset, s.iptables = ipset, map[Backend]iptablesRunner{backend: ipt}
 				real.dps[f] = newDataplane(c, s)
@@ -162,7 +164,7 @@ func TestKernelIPVS(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), kernelTimeout)
 	defer cancel()
-	table := newTable(t, testNode(0), web, empty)
+	table := dptest.Table(t, testNode(0), web, empty)
 	for _, f := range []Family{IPv4, IPv6} {
 		c := DefaultConfig(f)
 		c.LocalMode, c.ClusterCIDRs = LocalClusterCIDR, clusterCIDRs

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -37,10 +38,11 @@ type ruleParams struct {
 }
 
 func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
+	set := c.settings()
 	p := &params{
 		family:    c.Family,
 		scheduler: c.Scheduler,
-		nodeIPs:   c.nodeIPs(),
+		nodeIPs:   set.NodeIPAddrs(),
 		rules: ruleParams{
 			family:        c.Family,
 			mark:          fmt.Sprintf("%#08x", uint32(1)<<uint(c.MasqueradeBit)),
@@ -55,25 +57,14 @@ func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
 	}
 	slices.SortFunc(p.nodeAddrs, netip.Addr.Compare)
 	p.nodeAddrs = slices.Compact(p.nodeAddrs)
-	cidrs := c.prefixesOf(c.NodePortAddresses)
+	all, cidrs := set.NodePorts()
 	for _, a := range p.nodeAddrs {
-		if len(c.NodePortAddresses) == 0 || slices.ContainsFunc(cidrs, func(pr netip.Prefix) bool { return pr.Contains(a) }) {
+		if all || slices.ContainsFunc(cidrs, func(pr netip.Prefix) bool { return pr.Contains(a) }) {
 			p.nodePortAddrs = append(p.nodePortAddrs, a)
 		}
 	}
-	switch c.LocalMode {
-	case LocalClusterCIDR:
-		if cidr, err := c.clusterCIDR(); err == nil {
-			p.rules.localCIDR = cidr.String()
-		}
-	case LocalNodeCIDR:
-		// Upstream takes the node's first pod CIDR of the family too.
-		for _, s := range node.GetPodCidrs() {
-			if pr, err := netip.ParsePrefix(s); err == nil && c.Family.has(pr.Addr()) {
-				p.rules.localCIDR = pr.Masked().String()
-				break
-			}
-		}
+	if cidr := set.LocalCIDR(node); cidr.IsValid() {
+		p.rules.localCIDR = cidr.String()
 	}
 	return p
 }
@@ -105,44 +96,20 @@ type vsPlan struct {
 }
 
 // planService plans e for p.family; ok is false when the Service has no
-// cluster IP of the family and so nothing to program (kube-proxy's
-// per-family proxier never sees such a Service).
-func planService(e *pb.ServiceEntry, p *params) (plan *svcPlan, ok bool) {
-	s := e.GetService()
-	fam := p.family
-	var clusterIP netip.Addr
-	for _, ip := range s.GetClusterIps() {
-		if a, err := netip.ParseAddr(ip); err == nil && fam.has(a.Unmap()) {
-			clusterIP = a.Unmap()
-			break
-		}
-	}
-	if !clusterIP.IsValid() {
+// cluster IP of the family and so nothing to program. The decisions are
+// plan.Of's; this turns them into virtual servers, bound addresses and
+// set members.
+func planService(e *pb.ServiceEntry, p *params) (out *svcPlan, ok bool) {
+	s, ok := plan.Of(e, plan.Family(p.family))
+	if !ok {
 		return nil, false
 	}
-	plan = &svcPlan{key: e.GetKey()}
-	externalIPs := familyAddrs(s.GetExternalIps(), fam)
-	lbIPs := familyAddrs(s.GetLoadBalancerIps(), fam)
-	// A Service with source ranges, none of this family, lets nothing of
-	// this family in: failing closed, as the iptables dataplane does.
-	firewall := len(s.GetLoadBalancerSourceRanges()) > 0
-	var sourceRanges []netip.Prefix
-	for _, r := range s.GetLoadBalancerSourceRanges() {
-		if pr, err := netip.ParsePrefix(r); err == nil && fam.has(pr.Addr()) {
-			sourceRanges = append(sourceRanges, pr.Masked())
-		}
-	}
-	allowFromNode := slices.ContainsFunc(sourceRanges, func(pr netip.Prefix) bool {
+	out = &svcPlan{key: s.Key}
+	allowFromNode := slices.ContainsFunc(s.SourceRanges, func(pr netip.Prefix) bool {
 		return slices.ContainsFunc(p.nodeIPs, pr.Contains)
 	})
-	var timeout uint32
-	if a := s.GetSessionAffinity(); a != nil && a.GetTimeoutSeconds() > 0 {
-		timeout = uint32(a.GetTimeoutSeconds())
-	}
-	internalLocal := s.GetInternalTrafficPolicy() == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	externalLocal := s.GetExternalTrafficPolicy() == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	if hc := s.GetHealthCheckNodePort(); hc > 0 {
-		plan.entries[setHealthCheck] = append(plan.entries[setHealthCheck], fmt.Sprint(hc))
+	if hc := s.HealthCheckNodePort; hc > 0 {
+		out.entries[setHealthCheck] = append(out.entries[setHealthCheck], fmt.Sprint(hc))
 	}
 
 	bound := map[netip.Addr]bool{}
@@ -152,50 +119,25 @@ func planService(e *pb.ServiceEntry, p *params) (plan *svcPlan, ok bool) {
 		// when the Service goes.
 		if !bound[a] && !slices.Contains(p.nodeAddrs, a) {
 			bound[a] = true
-			plan.binds = append(plan.binds, a)
+			out.binds = append(out.binds, a)
 		}
 	}
-	bind(clusterIP)
-	for _, a := range externalIPs {
+	bind(s.ClusterIP)
+	for _, a := range s.ExternalIPs {
 		bind(a)
 	}
-	for _, a := range lbIPs {
+	for _, a := range s.LoadBalancerIPs {
 		bind(a)
 	}
 
-	clusterEps := endpointsByPort(s.GetClusterEndpoints(), fam)
-	localEps := endpointsByPort(s.GetLocalEndpoints(), fam)
 	seen := map[vsKey]bool{}
-	for _, sp := range s.GetPorts() {
-		proto, ok := protocolOf(sp.GetProtocol())
+	for _, sp := range s.Ports {
+		proto, ok := protocolOf(sp.Protocol)
 		if !ok {
 			continue
 		}
-		name := plan.key
-		if sp.GetName() != "" {
-			name += ":" + sp.GetName()
-		}
-		port, nodePort := uint16(sp.GetPort()), uint16(sp.GetNodePort())
-
-		// Upstream's UsesClusterEndpoints and UsesLocalEndpoints, with
-		// external reachability judged on this family's addresses.
-		external := nodePort != 0 || len(externalIPs) > 0 || len(lbIPs) > 0
-		usesCluster := !internalLocal || external
-		usesLocal := internalLocal || (externalLocal && external)
-		var cluster, local []netip.AddrPort
-		if usesCluster {
-			cluster = clusterEps[sp.GetName()]
-		}
-		if usesLocal {
-			local = localEps[sp.GetName()]
-		}
-		// has_endpoints covers both families; when the Cluster set is in
-		// use it is the whole picture for this family, so an empty set
-		// means no endpoint of this family (as the iptables dataplane).
-		hasEndpoints := sp.GetHasEndpoints() || len(local) > 0
-		if usesCluster && len(cluster) == 0 {
-			hasEndpoints = false
-		}
+		port, nodePort := uint16(sp.Port), uint16(sp.NodePort)
+		cluster, local := addrPorts(sp.Cluster), addrPorts(sp.Local)
 
 		// One virtual server has one set of real servers. ClusterIP
 		// traffic uses the internal policy's; every external address the
@@ -205,16 +147,16 @@ func planService(e *pb.ServiceEntry, p *params) (plan *svcPlan, ok bool) {
 		// Service through its external addresses, and setDropExternal
 		// drops everyone else before IPVS sees them.
 		internalDests, externalDests := cluster, cluster
-		if internalLocal {
+		if s.InternalLocal {
 			internalDests = local
 		}
-		if externalLocal && len(local) > 0 {
+		if s.ExternalLocal && len(local) > 0 {
 			externalDests = local
 		}
-		internalDrop := hasEndpoints && internalLocal && len(local) == 0
-		externalDrop := hasEndpoints && externalLocal && len(local) == 0
+		internalDrop := sp.HasEndpoints && !sp.HasInternalEndpoints
+		externalDrop := sp.HasEndpoints && !sp.HasExternalEndpoints
 		externalSet := setExternal
-		if externalLocal {
+		if s.ExternalLocal {
 			externalSet = setExternalLocal
 		}
 
@@ -225,47 +167,47 @@ func planService(e *pb.ServiceEntry, p *params) (plan *svcPlan, ok bool) {
 			}
 			seen[k] = true
 			vs := VirtualServer{Addr: a, Protocol: proto, Port: port, Scheduler: p.scheduler}
-			if timeout > 0 {
-				vs.Persistent, vs.Timeout = true, timeout
+			if s.AffinityTimeout > 0 {
+				vs.Persistent, vs.Timeout = true, uint32(s.AffinityTimeout)
 			}
-			plan.vss = append(plan.vss, &vsPlan{vs: vs, dests: dests, name: name, key: plan.key})
+			out.vss = append(out.vss, &vsPlan{vs: vs, dests: dests, name: sp.Name, key: out.key})
 			return ipPortEntry(a, proto, port)
 		}
-		if e := add(clusterIP, port, internalDests); e != "" {
-			plan.entries[setClusterIP] = append(plan.entries[setClusterIP], e)
+		if e := add(s.ClusterIP, port, internalDests); e != "" {
+			out.entries[setClusterIP] = append(out.entries[setClusterIP], e)
 			if internalDrop {
-				plan.entries[setDropInternal] = append(plan.entries[setDropInternal], e)
+				out.entries[setDropInternal] = append(out.entries[setDropInternal], e)
 			}
 		}
 		addExternal := func(a netip.Addr, port uint16) string {
 			e := add(a, port, externalDests)
 			if e != "" {
-				plan.entries[externalSet] = append(plan.entries[externalSet], e)
+				out.entries[externalSet] = append(out.entries[externalSet], e)
 				if externalDrop {
-					plan.entries[setDropExternal] = append(plan.entries[setDropExternal], e)
+					out.entries[setDropExternal] = append(out.entries[setDropExternal], e)
 				}
 			}
 			return e
 		}
-		for _, a := range externalIPs {
+		for _, a := range s.ExternalIPs {
 			addExternal(a, port)
 		}
-		for _, a := range lbIPs {
+		for _, a := range s.LoadBalancerIPs {
 			e := addExternal(a, port)
-			if e == "" || !firewall {
+			if e == "" || !s.Firewall {
 				continue
 			}
 			// loadBalancerSourceRanges apply to the load balancer IPs
 			// only: NodePorts ignore them, as upstream (a load balancer
 			// may deliver to them).
-			plan.entries[setFirewall] = append(plan.entries[setFirewall], e)
-			for _, r := range sourceRanges {
-				plan.entries[setSourceRanges] = append(plan.entries[setSourceRanges], e+","+netString(r))
+			out.entries[setFirewall] = append(out.entries[setFirewall], e)
+			for _, r := range s.SourceRanges {
+				out.entries[setSourceRanges] = append(out.entries[setSourceRanges], e+","+netString(r))
 			}
 			if allowFromNode {
 				// A VIP-style load balancer IP is local to the node, and
 				// the node's own requests to it may come from it.
-				plan.entries[setSourceRanges] = append(plan.entries[setSourceRanges], e+","+a.String())
+				out.entries[setSourceRanges] = append(out.entries[setSourceRanges], e+","+a.String())
 			}
 		}
 		if nodePort != 0 {
@@ -276,14 +218,14 @@ func planService(e *pb.ServiceEntry, p *params) (plan *svcPlan, ok bool) {
 		// Hairpin: any endpoint can reach itself through the Service;
 		// after IPVS's DNAT its packet has source = destination.
 		for _, ep := range slices.Concat(cluster, local) {
-			plan.entries[setLoopBack] = append(plan.entries[setLoopBack],
+			out.entries[setLoopBack] = append(out.entries[setLoopBack],
 				ep.Addr().String()+","+proto.lower()+":"+fmt.Sprint(ep.Port())+","+ep.Addr().String())
 		}
 	}
-	for _, a := range plan.binds {
-		plan.entries[setServiceIPs] = append(plan.entries[setServiceIPs], a.String())
+	for _, a := range out.binds {
+		out.entries[setServiceIPs] = append(out.entries[setServiceIPs], a.String())
 	}
-	return plan, true
+	return out, true
 }
 
 func protocolOf(p pb.Protocol) (Protocol, bool) {
@@ -298,33 +240,17 @@ func protocolOf(p pb.Protocol) (Protocol, bool) {
 	return 0, false
 }
 
-func familyAddrs(in []string, family Family) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range in {
-		if a, err := netip.ParseAddr(s); err == nil && family.has(a.Unmap()) {
-			out = append(out, a.Unmap())
+// addrPorts returns eps as real servers, sorted and unique (IPVS has one
+// real server per address and port).
+func addrPorts(eps []plan.Endpoint) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, ep := range eps {
+		if ep.Port > 0 && ep.Port <= 65535 {
+			out = append(out, netip.AddrPortFrom(ep.Addr, uint16(ep.Port)))
 		}
 	}
-	return out
-}
-
-// endpointsByPort returns each port's endpoints of the family, sorted and
-// unique (IPVS has one real server per address and port).
-func endpointsByPort(in []*pb.PortEndpoints, family Family) map[string][]netip.AddrPort {
-	out := make(map[string][]netip.AddrPort, len(in))
-	for _, pe := range in {
-		var eps []netip.AddrPort
-		for _, ep := range pe.GetEndpoints() {
-			a, err := netip.ParseAddr(ep.GetIp())
-			if err != nil || !family.has(a.Unmap()) || ep.GetPort() <= 0 || ep.GetPort() > 65535 {
-				continue
-			}
-			eps = append(eps, netip.AddrPortFrom(a.Unmap(), uint16(ep.GetPort())))
-		}
-		slices.SortFunc(eps, netip.AddrPort.Compare)
-		out[pe.GetPortName()] = slices.Compact(eps)
-	}
-	return out
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
 }
 
 // desired is the whole wanted kernel state of one family: the union of

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // assertLikeFullSync checks that n's kernel holds exactly what full syncs
@@ -27,12 +28,12 @@ func (n *node) assertLikeFullSync() {
 	}
 	ref.mustSync(true, services...)
 	if got, want := n.dump(), ref.dump(); got != want {
-		n.t.Fatalf("kernel differs from a full sync of the same table:\n%s", lineDiff(want, got))
+		n.t.Fatalf("kernel differs from a full sync of the same table:\n%s", dptest.LineDiff(want, got))
 	}
 	for _, f := range []Family{IPv4, IPv6} {
 		for _, table := range []string{"nat", "filter"} {
 			if got, want := n.kern.iptables[f].dump(table), ref.kern.iptables[f].dump(table); got != want {
-				n.t.Fatalf("%v %s table differs from a full sync:\n%s", f, table, lineDiff(want, got))
+				n.t.Fatalf("%v %s table differs from a full sync:\n%s", f, table, dptest.LineDiff(want, got))
 			}
 		}
 	}
@@ -265,7 +266,7 @@ func TestOtherFamilyAndOtherLinksUntouched(t *testing.T) {
 	s.ClusterEndpoints[0].Endpoints = slices.DeleteFunc(slices.Clone(s.ClusterEndpoints[0].Endpoints), func(e *pb.Endpoint) bool {
 		return e.GetIp() == pod6(3)
 	})
-	next := newTable(t, testNode(0), s)
+	next := dptest.Table(t, testNode(0), s)
 	if err := n.dps[IPv4].Sync(context.Background(), next, []string{"flows/spread"}, false); err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func TestFailureForcesFullSync(t *testing.T) {
 		}
 		return nil
 	}
-	err := n.dps[IPv4].Sync(context.Background(), newTable(t, testNode(0), append(base, added.build(0))...), []string{"flows/nodeport"}, false)
+	err := n.dps[IPv4].Sync(context.Background(), dptest.Table(t, testNode(0), append(base, added.build(0))...), []string{"flows/nodeport"}, false)
 	var ke *KernelError
 	if !errors.As(err, &ke) || !IsKernelFailed(err) || ke.Key != "flows/nodeport" || !errors.Is(err, syscall.ENOMEM) {
 		t.Fatalf("Sync error = %v, want a KernelError for flows/nodeport wrapping ENOMEM", err)
@@ -395,7 +396,7 @@ func TestRestoreFailureNamesTheLine(t *testing.T) {
 		}
 		return nil
 	}
-	err := n.dps[IPv4].Sync(context.Background(), newTable(t, testNode(0), flowCases[0].services(0)...), nil, true)
+	err := n.dps[IPv4].Sync(context.Background(), dptest.Table(t, testNode(0), flowCases[0].services(0)...), nil, true)
 	var re *RestoreError
 	if !IsRestoreFailed(err) || !errors.As(err, &re) || re.Rule != createLine(IPv4, 1) {
 		t.Errorf("RestoreError = %+v, want the failing line %q", re, createLine(IPv4, 1))
@@ -521,7 +522,7 @@ func TestPrepare(t *testing.T) {
 func TestNoDummyLink(t *testing.T) {
 	n := newNode(t, 0, nil)
 	n.kern.links.noDummy = true
-	err := n.dps[IPv4].Sync(context.Background(), newTable(t, testNode(0)), nil, true)
+	err := n.dps[IPv4].Sync(context.Background(), dptest.Table(t, testNode(0)), nil, true)
 	if !IsDummyUnavailable(err) || !strings.Contains(err.Error(), "the kernel has no dummy link type (dummy module / CONFIG_DUMMY)") {
 		t.Errorf("Sync error = %v, want one naming the missing dummy link type", err)
 	}

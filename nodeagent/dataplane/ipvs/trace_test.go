@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // flow is a new connection's first packet as the node sees it.
@@ -172,7 +174,7 @@ func (tr *tracer) fallThrough(table, chain string) string {
 
 // rule applies one rule; the verdict is "" to go on with the next rule.
 func (tr *tracer) rule(table, rule string, p pkt, depth int) (pkt, string) {
-	args := tokenize(rule)
+	args := dptest.Tokenize(rule)
 	neg := false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -194,9 +196,9 @@ func (tr *tracer) rule(table, rule string, p pkt, depth int) (pkt, string) {
 		case "-p":
 			match = val() == p.proto.lower()
 		case "-s":
-			match = prefixOf(val()).Contains(p.src)
+			match = dptest.PrefixOf(val()).Contains(p.src)
 		case "-d":
-			match = prefixOf(val()).Contains(p.dst)
+			match = dptest.PrefixOf(val()).Contains(p.dst)
 		case "--src-type", "--dst-type":
 			if val() != "LOCAL" {
 				tr.tb.Fatalf("trace: unsupported addrtype in %q", rule)
@@ -288,7 +290,7 @@ func (tr *tracer) inSet(name, dirs string, p pkt) bool {
 	case "hash:ip,port,net":
 		head := ip(0).String() + "," + p.proto.lower() + ":" + port(1) + ","
 		for m := range s.members {
-			if rest, ok := strings.CutPrefix(m, head); ok && prefixOf(rest).Contains(ip(2)) {
+			if rest, ok := strings.CutPrefix(m, head); ok && dptest.PrefixOf(rest).Contains(ip(2)) {
 				return true
 			}
 		}
@@ -296,12 +298,4 @@ func (tr *tracer) inSet(name, dirs string, p pkt) bool {
 	}
 	tr.tb.Fatalf("trace: unsupported set type %s", s.typ)
 	return false
-}
-
-func prefixOf(s string) netip.Prefix {
-	if p, err := netip.ParsePrefix(s); err == nil {
-		return p
-	}
-	a := netip.MustParseAddr(s)
-	return netip.PrefixFrom(a, a.BitLen())
 }

@@ -6,19 +6,17 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"sigs.k8s.io/knftables"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
-	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // BenchmarkSync measures syncs on the real kernel, in a throwaway network
@@ -49,8 +47,8 @@ import (
 //	go test -run '^$' -bench BenchmarkSync -benchtime 1x -timeout 60m ./nodeagent/dataplane/nftables/
 func BenchmarkSync(b *testing.B) {
 	requireKernel(b)
-	sizes := envInts(b, "PP_BENCH_SIZES", []int{1000, 5000, 10000})
-	reps := envInts(b, "PP_BENCH_REPS", []int{3})[0]
+	sizes := dptest.EnvInts(b, "PP_BENCH_SIZES", []int{1000, 5000, 10000})
+	reps := dptest.EnvInts(b, "PP_BENCH_REPS", []int{3})[0]
 	var rows []benchRow
 	for _, n := range sizes {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
@@ -61,23 +59,6 @@ func BenchmarkSync(b *testing.B) {
 		})
 	}
 	printBenchTable(os.Stdout, rows)
-}
-
-func envInts(b *testing.B, name string, def []int) []int {
-	b.Helper()
-	s := os.Getenv(name)
-	if s == "" {
-		return def
-	}
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 1 {
-			b.Fatalf("%s: %q", name, s)
-		}
-		out = append(out, n)
-	}
-	return out
 }
 
 type benchRow struct {
@@ -100,8 +81,8 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 	cfg.ClusterCIDRs = []string{"10.0.0.0/8"}
 	cfg.NetNS = nsPath(ns)
 	node := &pb.NodeInfo{Name: "bench", Hash: 1}
-	services := scaleServices(n, 3)
-	tbl := newTable(b, node, services...)
+	services := dptest.ScaleServices(n, 3)
+	tbl := dptest.Table(b, node, services...)
 	row := benchRow{services: n}
 	p := newParams(&cfg, node)
 
@@ -159,8 +140,8 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 		}
 		floor = append(floor, timeNFTScript(b, ns, text))
 	}
-	row.build, row.fullInitial, row.nftFloor, row.raw = median(build), median(initial), median(floor), median(rawFull)
-	row.fullSteady, row.recreate = median(steady), median(recreate)
+	row.build, row.fullInitial, row.nftFloor, row.raw = dptest.Median(build), dptest.Median(initial), dptest.Median(floor), dptest.Median(rawFull)
+	row.fullSteady, row.recreate = dptest.Median(steady), dptest.Median(recreate)
 
 	// Bring the Dataplane in step with the table in force.
 	d, err := New(cfg)
@@ -174,39 +155,29 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 	// Partial: one Service's endpoints change back and forth.
 	cur := tbl
 	var partial []time.Duration
-	epChange := func(i int) *pb.Service {
-		s := proto.CloneOf(services[n/2])
-		s.ClusterEndpoints = []*pb.PortEndpoints{eps("http", addrAt("10.64.0.0", 1+i%2)+":8080", addrAt("10.64.0.0", 3)+":8080")}
-		return s
-	}
 	for i := range max(reps, 5) {
-		s := epChange(i)
-		next := replaceService(b, cur, s)
+		s := dptest.EndpointChange(services[n/2], i)
+		next := dptest.Replace(b, cur, s)
 		partial = append(partial, timed(func() error { return d.Sync(ctx, next, []string{"ns/" + s.Name}, false) }))
 		cur = next
 	}
-	row.partialEP = median(partial)
+	row.partialEP = dptest.Median(partial)
 	// The same change as transactions for knftables, there and back.
 	changedKey := []string{"ns/" + services[n/2].Name}
-	other := replaceService(b, cur, epChange(max(reps, 5)))
+	other := dptest.Replace(b, cur, dptest.EndpointChange(services[n/2], max(reps, 5)))
 	stHere, stThere := buildState(cur, &p), buildState(other, &p)
 	there := partialTransaction(stHere, computeChange(stHere, other, changedKey, &p))
 	back := partialTransaction(stThere, computeChange(stThere, cur, changedKey, &p))
 
 	// Partial: add then remove one Service.
 	partial = partial[:0]
-	extra := scaleServices(n+1, 3)[n]
+	extra := dptest.ScaleServices(n+1, 3)[n]
 	for i := range max(reps, 4) {
-		var next *proxytable.Table
-		if i%2 == 0 {
-			next = replaceService(b, cur, extra)
-		} else {
-			next = removeService(b, cur, "ns/"+extra.Name)
-		}
+		next := dptest.Toggle(b, cur, extra, i)
 		partial = append(partial, timed(func() error { return d.Sync(ctx, next, []string{"ns/" + extra.Name}, false) }))
 		cur = next
 	}
-	row.partialSvc = median(partial)
+	row.partialSvc = dptest.Median(partial)
 	if st := d.Stats(); st.PartialSyncs == 0 || st.Failures != 0 {
 		b.Fatalf("unexpected stats %+v", st)
 	}
@@ -226,7 +197,7 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 			b.Fatal(err)
 		}
 	}
-	row.oneElm = median(one)
+	row.oneElm = dptest.Median(one)
 
 	// The same endpoint change through knftables: nft -f of the same
 	// operations, after nft fetched what it needs of the table.
@@ -259,7 +230,7 @@ func benchKnftables(b *testing.B, tp *nstest.Topology, ns string, there, back *t
 	if err != nil {
 		b.Fatal(err)
 	}
-	return median(out)
+	return dptest.Median(out)
 }
 
 // toKnftables converts tx to a knftables transaction.
@@ -348,45 +319,8 @@ func BenchmarkNFTScripts(b *testing.B) {
 			b.Fatal(err)
 		}
 		took := timeNFTScript(b, tp.NodeNS(), string(data))
-		fmt.Printf("%s\t%d bytes\t%s\n", f, len(data), ms(took))
+		fmt.Printf("%s\t%d bytes\t%s\n", f, len(data), dptest.Millis(took))
 	}
-}
-
-func replaceService(tb testing.TB, t *proxytable.Table, s *pb.Service) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(t.Entries)+1)
-	for k, e := range t.Entries {
-		if k != s.Namespace+"/"+s.Name {
-			entries = append(entries, e)
-		}
-	}
-	entries = append(entries, entry(s))
-	out, err := proxytable.FromEntries(version(t.Node, entries), t.Node, entries)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return out
-}
-
-func removeService(tb testing.TB, t *proxytable.Table, key string) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(t.Entries))
-	for k, e := range t.Entries {
-		if k != key {
-			entries = append(entries, e)
-		}
-	}
-	out, err := proxytable.FromEntries(version(t.Node, entries), t.Node, entries)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return out
-}
-
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[len(s)/2]
 }
 
 func printBenchTable(w io.Writer, rows []benchRow) {
@@ -397,11 +331,9 @@ func printBenchTable(w io.Writer, rows []benchRow) {
 	_, _ = fmt.Fprintln(tw, "services\tops\tbatch\tbuild\tfull(initial)\tnft -f\tratio\traw\tfull(steady)\trecreate\tpartial(ep)\tpartial(svc)\t1-elem\tratio\tknftables(ep)\t")
 	for _, r := range rows {
 		_, _ = fmt.Fprintf(tw, "%d\t%d\t%.1fMB\t%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t\n", r.services, r.ops, float64(r.bytes)/1e6,
-			ms(r.build), ms(r.fullInitial), ms(r.nftFloor), r.fullInitial.Seconds()/r.nftFloor.Seconds(), ms(r.raw),
-			ms(r.fullSteady), ms(r.recreate), ms(r.partialEP), ms(r.partialSvc), ms(r.oneElm),
-			r.partialEP.Seconds()/r.oneElm.Seconds(), ms(r.knftEP))
+			dptest.Millis(r.build), dptest.Millis(r.fullInitial), dptest.Millis(r.nftFloor), r.fullInitial.Seconds()/r.nftFloor.Seconds(), dptest.Millis(r.raw),
+			dptest.Millis(r.fullSteady), dptest.Millis(r.recreate), dptest.Millis(r.partialEP), dptest.Millis(r.partialSvc), dptest.Millis(r.oneElm),
+			r.partialEP.Seconds()/r.oneElm.Seconds(), dptest.Millis(r.knftEP))
 	}
 	_ = tw.Flush()
 }
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.0fms", float64(d)/float64(time.Millisecond)) }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
 // params is everything building needs besides the table, resolved from
@@ -25,40 +26,17 @@ type params struct {
 }
 
 func newParams(c *Config, node *pb.NodeInfo) params {
+	set := c.settings()
 	p := params{
 		family:        c.Family,
 		mark:          uint32(1) << uint(c.MasqueradeBit),
 		masqueradeAll: c.MasqueradeAll,
-		nodeIPs:       c.nodeIPs(),
+		nodeIPs:       set.NodeIPAddrs(),
 		dropInvalid:   !c.ConntrackTCPBeLiberal,
 		randomFully:   !c.NoRandomFully,
+		localCIDR:     set.LocalCIDR(node),
 	}
-	switch c.LocalMode {
-	case LocalClusterCIDR:
-		if cidr, err := c.clusterCIDR(); err == nil {
-			p.localCIDR = cidr
-		}
-	case LocalNodeCIDR:
-		// Upstream takes the node's first pod CIDR of the family too.
-		for _, s := range node.GetPodCidrs() {
-			if pr, err := netip.ParsePrefix(s); err == nil && c.Family.has(pr.Addr()) {
-				p.localCIDR = pr.Masked()
-				break
-			}
-		}
-	}
-	p.nodePortAll = len(c.NodePortAddresses) == 0
-	for _, s := range c.NodePortAddresses {
-		pr, err := netip.ParsePrefix(s)
-		if err != nil || !c.Family.has(pr.Addr()) {
-			continue
-		}
-		if pr.Bits() == 0 {
-			p.nodePortAll, p.nodePortCIDRs = true, nil
-			break
-		}
-		p.nodePortCIDRs = append(p.nodePortCIDRs, pr.Masked())
-	}
+	p.nodePortAll, p.nodePortCIDRs = set.NodePorts()
 	return p
 }
 
@@ -106,10 +84,7 @@ func skeleton(p *params) ([]*chain, []*set) {
 		newRule(newCT, jump(chainServiceEndpoints)),
 		newRule(newCT, jump(chainClusterIPsCheck)))
 
-	loopback := loopback4
-	if f == IPv6 {
-		loopback = loopback6
-	}
+	loopback := plan.Family(f).Loopback()
 	services := []rule{newRule(vmapLookup{withAddr: true, set: mapServiceIPs})}
 	nodePortChecks := []rule{}
 	if p.nodePortAll {
@@ -202,7 +177,7 @@ func buildService(p *params, plan *svcPlan) *fragment {
 			fr.elems = append(fr.elems, r)
 		}
 	}
-	add(setClusterIPs, elemKey{addr: plan.clusterIP}, verdict{})
+	add(setClusterIPs, elemKey{addr: plan.ClusterIP}, verdict{})
 	for i := range plan.ports {
 		buildPort(p, plan, &plan.ports[i], fr, add)
 	}
@@ -213,54 +188,54 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 	key := func(a netip.Addr) elemKey { return elemKey{addr: a, proto: pp.proto, port: pp.port} }
 
 	var internalFilter, externalFilter verdict
-	if !pp.hasEndpoints {
+	if !pp.HasEndpoints {
 		// No endpoint anywhere: reject, so clients fail fast.
 		internalFilter, externalFilter = goTo(chainReject), goTo(chainReject)
 	} else {
 		// Endpoints exist but not on this node (policy Local): drop, so
 		// the client retries or the load balancer's health check moves
 		// traffic elsewhere, rather than seeing the service as down.
-		if !pp.hasInternalEndpoints {
+		if !pp.HasInternalEndpoints {
 			internalFilter = verdictOf(verdictDrop)
 		}
-		if !pp.hasExternalEndpoints {
+		if !pp.HasExternalEndpoints {
 			externalFilter = verdictOf(verdictDrop)
 		}
 	}
 
-	if pp.hasInternalEndpoints {
-		add(mapServiceIPs, key(plan.clusterIP), goTo(pp.internalChain))
+	if pp.HasInternalEndpoints {
+		add(mapServiceIPs, key(plan.ClusterIP), goTo(pp.internalChain))
 	} else {
-		add(mapNoEndpointServices, key(plan.clusterIP), internalFilter)
+		add(mapNoEndpointServices, key(plan.ClusterIP), internalFilter)
 	}
-	for _, ip := range plan.externalIPs {
-		if pp.hasEndpoints {
+	for _, ip := range plan.ExternalIPs {
+		if pp.HasEndpoints {
 			add(mapServiceIPs, key(ip), goTo(pp.extChain))
 		}
-		if !pp.hasExternalEndpoints {
+		if !pp.HasExternalEndpoints {
 			// Traffic the external chain did not short-circuit ends here.
 			add(mapNoEndpointServices, key(ip), externalFilter)
 		}
 	}
-	for _, ip := range plan.lbIPs {
-		if pp.hasEndpoints {
+	for _, ip := range plan.LoadBalancerIPs {
+		if pp.HasEndpoints {
 			add(mapServiceIPs, key(ip), goTo(pp.extChain))
 		}
-		if pp.usesFWChain {
+		if pp.UsesFirewall {
 			add(mapFirewallIPs, key(ip), goTo(pp.fwChain))
 		}
-		if !pp.hasExternalEndpoints {
+		if !pp.HasExternalEndpoints {
 			add(mapNoEndpointServices, key(ip), externalFilter)
 		}
 	}
 	if pp.nodePort != 0 {
 		np := elemKey{proto: pp.proto, port: pp.nodePort}
-		if pp.hasEndpoints {
+		if pp.HasEndpoints {
 			// NodePorts are not subject to loadBalancerSourceRanges, as
 			// upstream: a load balancer may deliver to them.
 			add(mapServiceNodePorts, np, goTo(pp.extChain))
 		}
-		if !pp.hasExternalEndpoints {
+		if !pp.HasExternalEndpoints {
 			add(mapNoEndpointNodePorts, np, externalFilter)
 		}
 	}
@@ -269,8 +244,8 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 	// so that replies from an endpoint on another node come back through
 	// this node (a ClusterIP route pointed at any node works).
 	var internalMasq []rule
-	if pp.hasInternalEndpoints {
-		match := []rexpr{addrMatch{p: netip.PrefixFrom(plan.clusterIP, plan.clusterIP.BitLen())}, dportMatch{proto: pp.proto, port: pp.port}}
+	if pp.HasInternalEndpoints {
+		match := []rexpr{addrMatch{p: netip.PrefixFrom(plan.ClusterIP, plan.ClusterIP.BitLen())}, dportMatch{proto: pp.proto, port: pp.port}}
 		switch {
 		case p.masqueradeAll:
 			internalMasq = append(internalMasq, newRule(append(match, jump(chainMarkMasq))...))
@@ -279,9 +254,9 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 		}
 	}
 
-	if pp.usesExternalChain {
+	if pp.UsesExternal {
 		ext := &chain{name: pp.extChain}
-		if !plan.externalLocal {
+		if !plan.ExternalLocal {
 			// Endpoints may be on other nodes: masquerade so replies
 			// return through this node.
 			ext.rules = append(ext.rules, newRule(jump(chainMarkMasq)))
@@ -299,20 +274,20 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 				newRule(fibLocal{src: true}, jump(chainMarkMasq)),
 				newRule(fibLocal{src: true}, goTo(pp.svcChain)))
 		}
-		if pp.hasExternalEndpoints {
+		if pp.HasExternalEndpoints {
 			ext.rules = append(ext.rules, newRule(goTo(pp.externalPolicyChain)))
 		}
 		fr.chains = append(fr.chains, ext)
 	}
 
-	if pp.usesFWChain {
+	if pp.UsesFirewall {
 		// Everything not from an allowed source is dropped, before DNAT
 		// (chain firewall-check, filter-prerouting and filter-output). One
 		// "!=" per range rather than an anonymous set: anonymous sets are
 		// what makes large commits quadratic.
 		var exprs []rexpr
 		allowFromNode := false
-		for _, cidr := range plan.sourceRanges {
+		for _, cidr := range plan.SourceRanges {
 			exprs = append(exprs, addrMatch{src: true, neg: true, p: cidr})
 			for _, ip := range p.nodeIPs {
 				allowFromNode = allowFromNode || cidr.Contains(ip)
@@ -322,14 +297,14 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 			// A VIP-style load balancer IP is often local to the node:
 			// the node's own requests to it loop back with the LB IP as
 			// source and must be let in when the node itself is allowed.
-			for _, ip := range plan.lbIPs {
+			for _, ip := range plan.LoadBalancerIPs {
 				exprs = append(exprs, addrMatch{src: true, neg: true, p: netip.PrefixFrom(ip, ip.BitLen())})
 			}
 		}
 		fr.chains = append(fr.chains, &chain{name: pp.fwChain, rules: []rule{newRule(append(exprs, verdictOf(verdictDrop))...)}})
 	}
 
-	if pp.usesClusterChain {
+	if len(pp.clusterEps) > 0 {
 		c := &chain{name: pp.svcChain}
 		if pp.internalChain == pp.svcChain {
 			c.rules = append(c.rules, internalMasq...)
@@ -337,7 +312,7 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 		c.rules = endpointRules(plan, c.rules, pp.clusterEps)
 		fr.chains = append(fr.chains, c)
 	}
-	if pp.usesLocalChain {
+	if len(pp.localEps) > 0 {
 		c := &chain{name: pp.svlChain}
 		if pp.internalChain == pp.svlChain {
 			c.rules = append(c.rules, internalMasq...)
@@ -353,7 +328,7 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 		c.rules = append(c.rules, newRule(addrMatch{src: true, p: netip.PrefixFrom(ep.addr, ep.addr.BitLen())}, jump(chainMarkMasq)))
 		if ep.affinitySet != "" {
 			c.rules = append(c.rules, newRule(setUpdate{set: ep.affinitySet}))
-			fr.sets = append(fr.sets, &set{name: ep.affinitySet, key: keyAddr, timeout: time.Duration(plan.affinity) * time.Second})
+			fr.sets = append(fr.sets, &set{name: ep.affinitySet, key: keyAddr, timeout: time.Duration(plan.AffinityTimeout) * time.Second})
 		}
 		c.rules = append(c.rules, newRule(protoMatch{pp.proto}, dnatTo{addr: ep.addr, port: ep.port}))
 		fr.chains = append(fr.chains, c)
@@ -366,7 +341,7 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 // 1/(n-i), which gives each endpoint 1/n overall, and the last is
 // unconditional.
 func endpointRules(plan *svcPlan, rules []rule, eps []epPlan) []rule {
-	if plan.affinity > 0 {
+	if plan.AffinityTimeout > 0 {
 		for _, ep := range eps {
 			rules = append(rules, newRule(setMatch{src: true, set: ep.affinitySet}, goTo(ep.chain)))
 		}

@@ -3,8 +3,8 @@ package nftables
 import (
 	"errors"
 	"fmt"
-	"net/netip"
-	"slices"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
 // Family is the IP family one Dataplane programs. nf_tables keeps IPv4 and
@@ -20,18 +20,7 @@ const (
 )
 
 // String returns "IPv4" or "IPv6".
-func (f Family) String() string {
-	switch f {
-	case IPv4:
-		return "IPv4"
-	case IPv6:
-		return "IPv6"
-	}
-	return fmt.Sprintf("Family(%d)", int(f))
-}
-
-// has reports whether a belongs to the family.
-func (f Family) has(a netip.Addr) bool { return a.Is4() == (f == IPv4) }
+func (f Family) String() string { return plan.Family(f).String() }
 
 // nft returns the nftables family name: "ip" or "ip6".
 func (f Family) nft() string {
@@ -43,18 +32,18 @@ func (f Family) nft() string {
 
 // LocalMode says how the rules tell traffic from local pods from other
 // traffic, as kube-proxy's --detect-local-mode.
-type LocalMode string
+type LocalMode = plan.LocalMode
 
 const (
 	// LocalNone cannot tell pod traffic apart: ClusterIP traffic is not
 	// masqueraded (unless MasqueradeAll) and eTP Local services do not
 	// short-circuit pod traffic.
-	LocalNone LocalMode = "None"
+	LocalNone = plan.LocalNone
 	// LocalClusterCIDR treats sources in Config.ClusterCIDRs as pods.
-	LocalClusterCIDR LocalMode = "ClusterCIDR"
+	LocalClusterCIDR = plan.LocalClusterCIDR
 	// LocalNodeCIDR treats sources in the node's pod CIDRs (the table's
 	// NodeInfo.pod_cidrs) as pods.
-	LocalNodeCIDR LocalMode = "NodeCIDR"
+	LocalNodeCIDR = plan.LocalNodeCIDR
 )
 
 // DefaultMasqueradeBit is kube-proxy's default: bit 14 (0x4000) of the
@@ -126,80 +115,17 @@ func (c *Config) Validate() error {
 	if c.Family != IPv4 && c.Family != IPv6 {
 		errs = append(errs, fmt.Errorf("family %v: want IPv4 or IPv6", c.Family))
 	}
-	if c.MasqueradeBit < 0 || c.MasqueradeBit > 31 {
-		errs = append(errs, fmt.Errorf("masquerade bit %d: want 0 to 31", c.MasqueradeBit))
-	}
-	switch c.LocalMode {
-	case "", LocalNone, LocalNodeCIDR:
-	case LocalClusterCIDR:
-		if c.Family == IPv4 || c.Family == IPv6 {
-			if _, err := c.clusterCIDR(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-	default:
-		errs = append(errs, fmt.Errorf("local mode %q: want ClusterCIDR, NodeCIDR or None", c.LocalMode))
-	}
-	for _, s := range c.NodePortAddresses {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("nodePortAddresses: %w", err))
-			continue
-		}
-		// Localhost NodePorts need route_localnet and kube-proxy's
-		// anti-martian rule; proxyplane does not offer them (see README).
-		if p.Bits() != 0 && (p.Overlaps(loopback4) || p.Overlaps(loopback6)) {
-			errs = append(errs, fmt.Errorf("nodePortAddresses %s: loopback NodePorts are not supported", s))
-		}
-	}
-	for _, s := range c.NodeIPs {
-		if _, err := netip.ParseAddr(s); err != nil {
-			errs = append(errs, fmt.Errorf("nodeIPs: %w", err))
-		}
-	}
+	errs = append(errs, c.settings().Validate()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
 	}
 	return nil
 }
 
-var (
-	loopback4 = netip.MustParsePrefix("127.0.0.0/8")
-	loopback6 = netip.MustParsePrefix("::1/128")
-)
-
-// clusterCIDR returns the configured cluster CIDR of the family. One per
-// family, as the iptables dataplane and kube-proxy's ClusterCIDR detector:
-// a rule would need a set (an anonymous set per rule, which is what makes
-// large nf_tables commits slow) to negate several.
-func (c *Config) clusterCIDR() (netip.Prefix, error) {
-	var found []netip.Prefix
-	for _, s := range c.ClusterCIDRs {
-		p, err := netip.ParsePrefix(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("clusterCIDRs: %w", err)
-		}
-		if c.Family.has(p.Addr()) {
-			found = append(found, p.Masked())
-		}
+// settings returns the fields every dataplane has, for package plan.
+func (c *Config) settings() plan.Settings {
+	return plan.Settings{
+		Family: plan.Family(c.Family), MasqueradeBit: c.MasqueradeBit, LocalMode: c.LocalMode,
+		ClusterCIDRs: c.ClusterCIDRs, NodePortAddresses: c.NodePortAddresses, NodeIPs: c.NodeIPs,
 	}
-	switch len(found) {
-	case 0:
-		return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: none of family %v for ClusterCIDR mode", c.ClusterCIDRs, c.Family)
-	case 1:
-		return found[0], nil
-	}
-	return netip.Prefix{}, fmt.Errorf("clusterCIDRs %v: more than one of family %v", c.ClusterCIDRs, c.Family)
-}
-
-// nodeIPs returns the configured node addresses of the family.
-func (c *Config) nodeIPs() []netip.Addr {
-	var out []netip.Addr
-	for _, s := range c.NodeIPs {
-		if a, err := netip.ParseAddr(s); err == nil && c.Family.has(a.Unmap()) {
-			out = append(out, a.Unmap())
-		}
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return slices.Compact(out)
 }

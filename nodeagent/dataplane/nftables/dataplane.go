@@ -37,18 +37,10 @@ var _ dataplane.Dataplane = (*Dataplane)(nil)
 
 // Stats counts what the Dataplane did, for the agent's metrics.
 type Stats struct {
-	// FullSyncs and PartialSyncs count successful syncs (a partial sync
-	// that had to become full counts as full).
-	FullSyncs, PartialSyncs uint64
+	dataplane.SyncStats
 	// Failures counts failed transactions, of which PartialFailures were
 	// partial syncs.
 	Failures, PartialFailures uint64
-	// LastSync is when the last successful Sync ended, and
-	// LastSyncDuration how long it took.
-	LastSync         time.Time
-	LastSyncDuration time.Duration
-	// Services is the number of Services of the family in force.
-	Services int
 	// LastOps is the number of operations of the last transaction.
 	LastOps int
 }
@@ -128,14 +120,7 @@ func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []str
 	d.needFull = false
 
 	d.mu.Lock()
-	if full {
-		d.stats.FullSyncs++
-	} else {
-		d.stats.PartialSyncs++
-	}
-	d.stats.LastSync = time.Now()
-	d.stats.LastSyncDuration = d.stats.LastSync.Sub(start)
-	d.stats.Services = len(d.state.services)
+	d.stats.Succeeded(full, start, len(d.state.services))
 	d.stats.LastOps = len(tx.ops)
 	d.mu.Unlock()
 	return nil

@@ -5,10 +5,11 @@
 //
 // The work is split by job:
 //
-//   - plan.go decides, per service port, what kube-proxy would program
-//     (endpoint sets, traffic policies, REJECT or DROP); build.go turns
-//     the decisions into the ruleset model of model.go: chains of rules
-//     made of structured matches and verdicts, sets and verdict maps.
+//   - plan.go names the chains and sets of each service port, whose
+//     decisions (endpoint sets, traffic policies, REJECT or DROP) package
+//     plan makes for every dataplane; build.go turns them into the ruleset
+//     model of model.go: chains of rules made of structured matches and
+//     verdicts, sets and verdict maps.
 //   - state.go holds a whole ruleset and computes the transaction from one
 //     state to the next: everything (full) or the changed Services only
 //     (partial). transaction.go renders transactions and rulesets as nft

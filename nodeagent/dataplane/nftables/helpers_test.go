@@ -1,97 +1,21 @@
 package nftables
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
-	"google.golang.org/protobuf/proto"
-
-	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
-// ---- Tables -------------------------------------------------------------
-
-// testNode is the node every unit-test table belongs to.
-func testNode() *pb.NodeInfo {
-	return &pb.NodeInfo{Name: "node-a", PodCidrs: []string{"10.244.1.0/24", "fd00:244:1::/64"}, Hash: 7}
-}
-
-// newTable validates entries into a Table the way the agent would receive
-// it: entry hashes are computed from content and the version is their sum.
-func newTable(tb testing.TB, node *pb.NodeInfo, services ...*pb.Service) *proxytable.Table {
-	tb.Helper()
-	entries := make([]*pb.ServiceEntry, 0, len(services))
-	for _, s := range services {
-		entries = append(entries, entry(s))
-	}
-	t, err := proxytable.FromEntries(version(node, entries), node, entries)
-	if err != nil {
-		tb.Fatalf("building table: %v", err)
-	}
-	return t
-}
-
-// entry wraps s with its key and a content hash.
-func entry(s *pb.Service) *pb.ServiceEntry {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(s)
-	if err != nil {
-		panic(err)
-	}
-	return &pb.ServiceEntry{Key: s.Namespace + "/" + s.Name, Hash: xxhash.Sum64(b), Service: s}
-}
-
-// version is what proxytable checks: node hash plus entry hashes.
-func version(node *pb.NodeInfo, entries []*pb.ServiceEntry) string {
-	sum := node.GetHash()
-	for _, e := range entries {
-		sum += e.GetHash()
-	}
-	return fmt.Sprintf("%016x", sum)
-}
-
-// svc is a ClusterIP Service with defaults; mutate the result.
-func svc(ns, name string, clusterIPs ...string) *pb.Service {
-	return &pb.Service{
-		Namespace: ns, Name: name, Type: pb.ServiceType_SERVICE_TYPE_CLUSTER_IP, ClusterIps: clusterIPs,
-		ExternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
-		InternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
-	}
-}
-
-// port is a ServicePort; has says whether endpoints exist anywhere.
-func port(name string, proto pb.Protocol, p, nodePort int32, has bool) *pb.ServicePort {
-	return &pb.ServicePort{Name: name, Protocol: proto, Port: p, NodePort: nodePort, HasEndpoints: has}
-}
-
-const (
-	tcp  = pb.Protocol_PROTOCOL_TCP
-	udp  = pb.Protocol_PROTOCOL_UDP
-	sctp = pb.Protocol_PROTOCOL_SCTP
-)
-
-// eps lists endpoints "ip:port" (or "[ip6]:port") of a port.
-func eps(portName string, addrs ...string) *pb.PortEndpoints {
-	pe := &pb.PortEndpoints{PortName: portName}
-	for _, a := range addrs {
-		host, p, err := net.SplitHostPort(a)
-		if err != nil {
-			panic(err)
-		}
-		n, _ := strconv.Atoi(p)
-		pe.Endpoints = append(pe.Endpoints, &pb.Endpoint{Ip: host, Port: int32(n), Ready: true, Serving: true})
-	}
-	return pe
-}
+// ---- Configuration -----------------------------------------------------
 
 // testConfig is the unit tests' configuration of family.
 func testConfig(family Family) Config {
@@ -102,61 +26,23 @@ func testConfig(family Family) Config {
 	return c
 }
 
+// caseConfig is c's configuration: testConfig of its family, changed as
+// the case says.
+func caseConfig(c dptest.Case) Config {
+	cfg, t := testConfig(Family(c.Family)), c.Config
+	cfg.LocalMode, cfg.MasqueradeBit = cmp.Or(t.LocalMode, cfg.LocalMode), cmp.Or(t.MasqueradeBit, cfg.MasqueradeBit)
+	cfg.NodePortAddresses, cfg.MasqueradeAll = t.NodePortAddresses, t.MasqueradeAll
+	cfg.NoRandomFully, cfg.ConntrackTCPBeLiberal = t.NoRandomFully, t.ConntrackTCPBeLiberal
+	return cfg
+}
+
 // fullState computes the ruleset of t as a full sync would.
 func fullState(t *proxytable.Table, cfg Config) *state {
 	p := newParams(&cfg, t.Node)
 	return buildState(t, &p)
 }
 
-// scaleServices returns n ClusterIP+NodePort Services "ns/svc-i" with
-// perSvc endpoints each, for size tests and benchmarks. Service i has
-// cluster IP 10.96.0.0+i+1 and NodePort 30000+i%2000 (reused NodePorts
-// are claimed by the first Service, as a conflict would be); endpoints
-// are in 10.128.0.0/9.
-func scaleServices(n, perSvc int) []*pb.Service {
-	out := make([]*pb.Service, 0, n)
-	for i := range n {
-		s := svc("ns", "svc-"+strconv.Itoa(i), addrAt("10.96.0.0", i+1))
-		s.Type = pb.ServiceType_SERVICE_TYPE_NODE_PORT
-		s.Ports = []*pb.ServicePort{port("http", tcp, 80, int32(30000+i%2000), true)}
-		addrs := make([]string, perSvc)
-		for j := range perSvc {
-			addrs[j] = addrAt("10.128.0.0", i*perSvc+j+1) + ":8080"
-		}
-		s.ClusterEndpoints = []*pb.PortEndpoints{eps("http", addrs...)}
-		out = append(out, s)
-	}
-	return out
-}
-
-// addrAt returns base + off as an IPv4 address.
-func addrAt(base string, off int) string {
-	b := netip.MustParseAddr(base).As4()
-	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	v += uint32(off)
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
-}
-
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
-
-// lineDiff is a minimal line diff for failure messages.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for i := 0; i < max(len(w), len(g)); i++ {
-		var wl, gl string
-		if i < len(w) {
-			wl = w[i]
-		}
-		if i < len(g) {
-			gl = g[i]
-		}
-		if wl != gl {
-			fmt.Fprintf(&b, "line %d:\n  want: %s\n  got:  %s\n", i+1, wl, gl)
-		}
-	}
-	return b.String()
-}
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
@@ -536,27 +422,6 @@ func (k *fakeKernel) dump() string {
 
 // ---- Packet tracer -------------------------------------------------------
 
-// flow is a new connection's first packet as the node sees it.
-type flow struct {
-	src, dst string
-	proto    string // tcp, udp, sctp
-	dport    int
-	// fromNode: the node itself opens the connection (output hook);
-	// otherwise the packet arrives from a pod or a client (prerouting).
-	fromNode bool
-}
-
-// outcome is where one possible path of a packet ends.
-type outcome struct {
-	dnat    string // "ip:port" the packet was DNATed to, "" if none
-	verdict string // ACCEPT, DROP or REJECT
-	masq    bool   // masqueraded in postrouting
-}
-
-func (o outcome) String() string {
-	return fmt.Sprintf("{dnat:%q verdict:%s masq:%v}", o.dnat, o.verdict, o.masq)
-}
-
 // tracer walks a packet through a fake kernel's table the way netfilter
 // would: the base chains of each hook in priority order, the routing
 // decision between prerouting and input or forward, postrouting last. It
@@ -597,11 +462,11 @@ type pktState struct {
 var protoNumbers = map[string]uint8{"tcp": protoTCP, "udp": protoUDP, "sctp": protoSCTP}
 
 // trace returns every outcome the flow can have, deduplicated and sorted.
-func (tr *tracer) trace(f flow) []outcome {
+func (tr *tracer) trace(f dptest.Flow) []dptest.Outcome {
 	tr.tb.Helper()
-	s := pktState{src: netip.MustParseAddr(f.src), dst: netip.MustParseAddr(f.dst), dport: uint16(f.dport), proto: protoNumbers[f.proto]}
+	s := pktState{src: netip.MustParseAddr(f.Src), dst: netip.MustParseAddr(f.Dst), dport: uint16(f.DPort), proto: protoNumbers[f.Proto]}
 	var states []pktState
-	if f.fromNode {
+	if f.FromNode {
 		states = tr.hook("output", []pktState{s})
 		states = tr.hook("postrouting", states)
 	} else {
@@ -616,16 +481,15 @@ func (tr *tracer) trace(f flow) []outcome {
 		}
 		states = append(tr.hook("input", in), tr.hook("postrouting", tr.hook("forward", fwd))...)
 	}
-	var outs []outcome
+	var outs []dptest.Outcome
 	for _, st := range states {
 		v := st.verdict
 		if v == "" {
 			v = "ACCEPT"
 		}
-		outs = append(outs, outcome{dnat: st.dnat, verdict: v, masq: st.masq})
+		outs = append(outs, dptest.Outcome{DNAT: st.dnat, Verdict: v, Masq: st.masq})
 	}
-	slices.SortFunc(outs, func(a, b outcome) int { return strings.Compare(a.String(), b.String()) })
-	return slices.Compact(outs)
+	return dptest.SortOutcomes(outs)
 }
 
 // hook runs the live states through the base chains of hook by priority.

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"testing"
 
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"golang.org/x/sys/unix"
 )
 
@@ -35,7 +36,7 @@ func decodeBatch(t *testing.T, buf []byte) []message {
 // consecutive sequence numbers, only the last asking an acknowledgement,
 // END; and the operation of each message known for error reports.
 func TestEncodeBatchFraming(t *testing.T) {
-	st := fullState(newTable(t, testNode(), clusterIPTwoEndpoints(), nodePortService()), testConfig(IPv4))
+	st := fullState(dptest.Table(t, dptest.Node(), dptest.ClusterIPTwoEndpoints(), dptest.NodePortService()), testConfig(IPv4))
 	tx := fullTransaction(st, nil, true)
 	b, err := encodeBatch(tx, IPv4, 100)
 	if err != nil {
@@ -73,7 +74,7 @@ func TestEncodeElementsSplit(t *testing.T) {
 	s := &set{name: mapServiceIPs, key: keyAddrProtoPort, vmap: true}
 	o := op{kind: opAddElements, set: s}
 	for i := range 5000 {
-		o.elems = append(o.elems, element{key: elemKey{addr: mustAddr(addrAt("10.96.0.0", i)), proto: protoTCP, port: 80},
+		o.elems = append(o.elems, element{key: elemKey{addr: mustAddr(dptest.AddrAt("10.96.0.0", i)), proto: protoTCP, port: 80},
 			verdict: goTo("service-XXXXXXXX-ns/some-rather-long-service-name/tcp/http")})
 	}
 	b, err := encodeBatch(&transaction{ops: []op{o}}, IPv4, 1)

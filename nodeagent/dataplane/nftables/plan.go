@@ -4,53 +4,35 @@ import (
 	"net/netip"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
-// svcPlan is one Service as one family's rules need it: addresses of the
-// family only, and every per-port decision made (which chains exist, where
-// traffic goes, REJECT or DROP). The decisions are kube-proxy's
-// (syncProxyRules in both its iptables and nftables modes) and the
-// iptables dataplane's, re-derived here because that package keeps them
-// unexported; build.go turns them into nf_tables objects.
+// svcPlan is one Service as one family's rules need it: plan.Service's
+// addresses and per-port decisions (kube-proxy's, in both its iptables and
+// nftables modes), with the chains they need. build.go turns them into
+// nf_tables objects.
 type svcPlan struct {
-	key          string
-	clusterIP    netip.Addr
-	externalIPs  []netip.Addr
-	lbIPs        []netip.Addr
-	sourceRanges []netip.Prefix // of the family
-	// firewall is set when the Service has loadBalancerSourceRanges at
-	// all. A Service whose ranges are all of the other family gets a
-	// firewall that lets nothing of this family in: failing closed, where
-	// kube-proxy would leave the load balancer open.
-	firewall      bool
-	affinity      int32 // timeout in seconds; 0 for no affinity
-	internalLocal bool
-	externalLocal bool
-	ports         []portPlan
+	*plan.Service
+	ports []portPlan // Ports, with their chains
 }
 
-// portPlan is one service port's decisions, named as in kube-proxy's
-// syncProxyRules so that the two can be compared.
+// portPlan is one service port's decisions (plan.Port, named as in
+// kube-proxy's syncProxyRules so that the two can be compared) with the
+// chains they need.
 type portPlan struct {
-	name     string // service port name, for comments
-	proto    uint8  // IPPROTO_TCP, _UDP or _SCTP
-	port     uint16
-	nodePort uint16 // 0 when none
+	plan.Port
+	proto          uint8  // IPPROTO_TCP, _UDP or _SCTP
+	port, nodePort uint16 // nodePort 0 when none
 
 	svcChain, svlChain, extChain, fwChain string
 
-	clusterEps, localEps []epPlan
+	clusterEps, localEps []epPlan // the chains exist when not empty
 	allEps               []epPlan // every endpoint with a chain
 
-	hasEndpoints         bool // usable endpoints of the family anywhere
-	hasInternalEndpoints bool
-	hasExternalEndpoints bool
-	usesClusterChain     bool
-	usesLocalChain       bool
-	usesExternalChain    bool
-	usesFWChain          bool
-	internalChain        string
-	externalPolicyChain  string
+	// internalChain and externalPolicyChain are the cluster or local
+	// policy chain, as the internal and external traffic policies are
+	// Cluster or Local.
+	internalChain, externalPolicyChain string
 }
 
 // epPlan is one endpoint, its chain and (with affinity) its set.
@@ -88,72 +70,45 @@ func protoName(p uint8) string {
 }
 
 // planService plans e for family; ok is false when the Service has no
-// cluster IP of the family and so nothing to program (kube-proxy's
-// per-family proxier never sees such a Service).
-func planService(e *pb.ServiceEntry, family Family) (plan *svcPlan, ok bool) {
-	s := e.GetService()
-	p := &svcPlan{key: e.GetKey()}
-	for _, ip := range s.GetClusterIps() {
-		if a, err := netip.ParseAddr(ip); err == nil && family.has(a.Unmap()) {
-			p.clusterIP = a.Unmap()
-			break
-		}
-	}
-	if !p.clusterIP.IsValid() {
+// cluster IP of the family and so nothing to program. The decisions are
+// plan.Of's; this adds the chains and sets they need.
+func planService(e *pb.ServiceEntry, family Family) (p *svcPlan, ok bool) {
+	s, ok := plan.Of(e, plan.Family(family))
+	if !ok {
 		return nil, false
 	}
-	p.externalIPs = familyAddrs(s.GetExternalIps(), family)
-	p.lbIPs = familyAddrs(s.GetLoadBalancerIps(), family)
-	for _, r := range s.GetLoadBalancerSourceRanges() {
-		p.firewall = true
-		if pr, err := netip.ParsePrefix(r); err == nil && family.has(pr.Addr()) {
-			p.sourceRanges = append(p.sourceRanges, pr.Masked())
-		}
-	}
-	if a := s.GetSessionAffinity(); a != nil && a.GetTimeoutSeconds() > 0 {
-		p.affinity = a.GetTimeoutSeconds()
-	}
-	p.internalLocal = s.GetInternalTrafficPolicy() == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-	p.externalLocal = s.GetExternalTrafficPolicy() == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
-
-	clusterEps := endpointsByPort(s.GetClusterEndpoints(), family)
-	localEps := endpointsByPort(s.GetLocalEndpoints(), family)
-	p.ports = make([]portPlan, 0, len(s.GetPorts()))
-	for _, sp := range s.GetPorts() {
-		p.ports = append(p.ports, p.planPort(sp, clusterEps[sp.GetName()], localEps[sp.GetName()]))
+	p = &svcPlan{Service: s, ports: make([]portPlan, 0, len(s.Ports))}
+	for i := range s.Ports {
+		p.ports = append(p.ports, p.planPort(&s.Ports[i]))
 	}
 	return p, true
 }
 
-func (p *svcPlan) planPort(sp *pb.ServicePort, cluster, local []*pb.Endpoint) portPlan {
-	pp := portPlan{
-		name:     servicePortName(p.key, sp.GetName()),
-		proto:    protoNumber(sp.GetProtocol()),
-		port:     uint16(sp.GetPort()),
-		nodePort: uint16(sp.GetNodePort()),
-	}
+func (p *svcPlan) planPort(sp *plan.Port) portPlan {
+	pp := portPlan{Port: *sp, proto: protoNumber(sp.Protocol), port: uint16(sp.Port), nodePort: uint16(sp.NodePort)}
 	proto := protoName(pp.proto)
-	base := portNameBase(p.key, proto, sp.GetName())
+	base := portNameBase(p.Key, proto, sp.PortName)
 	pp.svcChain, pp.svlChain = prefixClusterPolicyChain+base, prefixLocalPolicyChain+base
 	pp.extChain, pp.fwChain = prefixExternalChain+base, prefixFirewallChain+base
-
-	// Upstream's UsesClusterEndpoints and UsesLocalEndpoints, with
-	// external reachability judged on this family's addresses.
-	external := pp.nodePort != 0 || len(p.externalIPs) > 0 || len(p.lbIPs) > 0
-	usesCluster := !p.internalLocal || external
-	usesLocal := p.internalLocal || (p.externalLocal && external)
+	pp.internalChain, pp.externalPolicyChain = pp.svcChain, pp.svcChain
+	if p.InternalLocal {
+		pp.internalChain = pp.svlChain
+	}
+	if p.ExternalLocal {
+		pp.externalPolicyChain = pp.svlChain
+	}
 
 	seen := map[string]bool{}
-	mk := func(eps []*pb.Endpoint) []epPlan {
+	mk := func(eps []plan.Endpoint) []epPlan {
 		out := make([]epPlan, 0, len(eps))
 		for _, ep := range eps {
-			addr := netip.MustParseAddr(ep.GetIp()).Unmap() // parsed by endpointsByPort
+			ip := ep.Addr.String()
 			e := epPlan{
-				chain: prefixEndpointChain + endpointNameBase(p.key, proto, sp.GetName(), addr.String(), ep.GetPort()),
-				addr:  addr, port: uint16(ep.GetPort()),
+				chain: prefixEndpointChain + endpointNameBase(p.Key, proto, sp.PortName, ip, ep.Port),
+				addr:  ep.Addr, port: uint16(ep.Port),
 			}
-			if p.affinity > 0 {
-				e.affinitySet = prefixAffinitySet + affinityNameBase(p.key, proto, sp.GetName(), addr.String(), ep.GetPort(), p.affinity)
+			if p.AffinityTimeout > 0 {
+				e.affinitySet = prefixAffinitySet + affinityNameBase(p.Key, proto, sp.PortName, ip, ep.Port, p.AffinityTimeout)
 			}
 			out = append(out, e)
 			if !seen[e.chain] {
@@ -163,69 +118,6 @@ func (p *svcPlan) planPort(sp *pb.ServicePort, cluster, local []*pb.Endpoint) po
 		}
 		return out
 	}
-	if usesCluster {
-		pp.clusterEps = mk(cluster)
-	}
-	if usesLocal {
-		pp.localEps = mk(local)
-	}
-
-	// has_endpoints covers both families; when the Cluster set is in use
-	// it is the whole picture for this family (the control plane falls
-	// back to terminating endpoints and to no topology before leaving it
-	// empty), so an empty set here means no endpoint of this family.
-	pp.hasEndpoints = sp.GetHasEndpoints() || len(pp.localEps) > 0
-	if usesCluster && len(pp.clusterEps) == 0 {
-		pp.hasEndpoints = false
-	}
-	pp.usesClusterChain = usesCluster && len(pp.clusterEps) > 0
-	pp.usesLocalChain = usesLocal && len(pp.localEps) > 0
-
-	pp.internalChain, pp.hasInternalEndpoints = pp.svcChain, pp.hasEndpoints
-	if p.internalLocal {
-		pp.internalChain, pp.hasInternalEndpoints = pp.svlChain, len(pp.localEps) > 0
-	}
-	pp.externalPolicyChain, pp.hasExternalEndpoints = pp.svcChain, pp.hasEndpoints
-	if p.externalLocal {
-		pp.externalPolicyChain, pp.hasExternalEndpoints = pp.svlChain, len(pp.localEps) > 0
-	}
-	// The external chain depends on hasEndpoints, not hasExternalEndpoints:
-	// with eTP Local and no local endpoint it still short-circuits pod and
-	// node traffic to the cluster endpoints.
-	pp.usesExternalChain = pp.hasEndpoints && external
-	pp.usesFWChain = pp.hasEndpoints && len(p.lbIPs) > 0 && p.firewall
+	pp.clusterEps, pp.localEps = mk(sp.Cluster), mk(sp.Local)
 	return pp
-}
-
-func familyAddrs(in []string, family Family) []netip.Addr {
-	var out []netip.Addr
-	for _, s := range in {
-		if a, err := netip.ParseAddr(s); err == nil && family.has(a.Unmap()) {
-			out = append(out, a.Unmap())
-		}
-	}
-	return out
-}
-
-func endpointsByPort(in []*pb.PortEndpoints, family Family) map[string][]*pb.Endpoint {
-	out := make(map[string][]*pb.Endpoint, len(in))
-	for _, pe := range in {
-		var eps []*pb.Endpoint
-		for _, ep := range pe.GetEndpoints() {
-			if a, err := netip.ParseAddr(ep.GetIp()); err == nil && family.has(a.Unmap()) {
-				eps = append(eps, ep)
-			}
-		}
-		out[pe.GetPortName()] = eps
-	}
-	return out
-}
-
-// servicePortName is kube-proxy's ServicePortName.String(): "ns/name" with
-// ":port" appended for a named port.
-func servicePortName(key, port string) string {
-	if port == "" {
-		return key
-	}
-	return key + ":" + port
 }

@@ -3,12 +3,11 @@ package nftables
 import (
 	"context"
 	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current renderer")
@@ -19,28 +18,15 @@ var update = flag.Bool("update", false, "rewrite testdata/*.golden from the curr
 // change under review. TestKernelNetlinkMatchesNFT proves the kernel gets
 // the same rules over netlink.
 func TestGolden(t *testing.T) {
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := c.config()
-			tbl := newTable(t, testNode(), c.services()...)
-			got := rulesetText(fullState(tbl, cfg), c.family)
-			path := filepath.Join("testdata", c.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("reading golden (run with -update to create it): %v", err)
-			}
-			if got != string(want) {
-				t.Errorf("ruleset differs from %s (run with -update and review the diff):\n%s", path, lineDiff(string(want), got))
-			}
+	for _, c := range dptest.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			cfg := caseConfig(c)
+			tbl := dptest.Table(t, dptest.Node(), c.Services()...)
+			got := rulesetText(fullState(tbl, cfg), Family(c.Family))
+			dptest.Golden(t, c.Name, got, *update)
 			// The kernel model must accept the full sync: every reference
 			// exists, every statement is allowed where it is reached.
-			k := newFakeKernel(c.family)
+			k := newFakeKernel(Family(c.Family))
 			d := newDataplane(cfg, k)
 			if err := d.Sync(context.Background(), tbl, nil, true); err != nil {
 				t.Fatalf("Sync: %v", err)
@@ -55,18 +41,18 @@ func TestGolden(t *testing.T) {
 // TestRenderDeterministic checks that building twice, with Services in a
 // different order, gives the same ruleset and the same transaction.
 func TestRenderDeterministic(t *testing.T) {
-	all := allCaseServices()
+	all := dptest.CaseServices()
 	rev := make([]*pb.Service, len(all))
 	for i, s := range all {
 		rev[len(all)-1-i] = s
 	}
 	cfg := testConfig(IPv4)
-	a, b := fullState(newTable(t, testNode(), all...), cfg), fullState(newTable(t, testNode(), rev...), cfg)
+	a, b := fullState(dptest.Table(t, dptest.Node(), all...), cfg), fullState(dptest.Table(t, dptest.Node(), rev...), cfg)
 	if x, y := rulesetText(a, IPv4), rulesetText(b, IPv4); x != y {
-		t.Fatalf("ruleset depends on input order:\n%s", lineDiff(x, y))
+		t.Fatalf("ruleset depends on input order:\n%s", dptest.LineDiff(x, y))
 	}
 	if x, y := fullTransaction(a, nil, true).text(IPv4), fullTransaction(b, nil, true).text(IPv4); x != y {
-		t.Fatalf("transaction depends on input order:\n%s", lineDiff(x, y))
+		t.Fatalf("transaction depends on input order:\n%s", dptest.LineDiff(x, y))
 	}
 }
 
@@ -99,10 +85,10 @@ func TestNames(t *testing.T) {
 // addresses, and that a Service without a cluster IP of the family is not
 // programmed at all.
 func TestFamilyFiltering(t *testing.T) {
-	v6only := svc("ns", "v6only", "fd00:96::200")
-	v6only.Ports = []*pb.ServicePort{port("", tcp, 80, 30200, true)}
-	v6only.ClusterEndpoints = []*pb.PortEndpoints{eps("", "[fd00:244:2::20]:80")}
-	tbl := newTable(t, testNode(), dualStackService(), v6only)
+	v6only := dptest.Svc("ns", "v6only", "fd00:96::200")
+	v6only.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 30200, true)}
+	v6only.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "[fd00:244:2::20]:80")}
+	tbl := dptest.Table(t, dptest.Node(), dptest.DualStackService(), v6only)
 
 	v4 := rulesetText(fullState(tbl, testConfig(IPv4)), IPv4)
 	v6 := rulesetText(fullState(tbl, testConfig(IPv6)), IPv6)
@@ -125,10 +111,10 @@ func TestFamilyFiltering(t *testing.T) {
 // probability 1/(n-i), so each endpoint gets 1/n, and the last rule is
 // unconditional.
 func TestEndpointCascade(t *testing.T) {
-	s := svc("ns", "four", "10.96.0.4")
-	s.Ports = []*pb.ServicePort{port("", tcp, 80, 0, true)}
-	s.ClusterEndpoints = []*pb.PortEndpoints{eps("", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80")}
-	st := fullState(newTable(t, testNode(), s), testConfig(IPv4))
+	s := dptest.Svc("ns", "four", "10.96.0.4")
+	s.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
+	s.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80")}
+	st := fullState(dptest.Table(t, dptest.Node(), s), testConfig(IPv4))
 	var c *chain
 	for _, ch := range st.services["ns/four"].chains {
 		if strings.HasPrefix(ch.name, prefixClusterPolicyChain) {

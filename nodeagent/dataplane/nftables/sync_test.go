@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -36,13 +36,13 @@ func newSyncer(t *testing.T, cfg Config) *syncer {
 // and returns the transaction run (nil for none) and the error.
 func (s *syncer) sync(full bool, services ...*pb.Service) (*transaction, error) {
 	s.t.Helper()
-	return s.syncNode(full, testNode(), services...)
+	return s.syncNode(full, dptest.Node(), services...)
 }
 
 func (s *syncer) syncNode(full bool, node *pb.NodeInfo, services ...*pb.Service) (*transaction, error) {
 	s.t.Helper()
-	next := newTable(s.t, node, services...)
-	changed := changedKeys(s.prev, next)
+	next := dptest.Table(s.t, node, services...)
+	changed := dptest.ChangedKeys(s.prev, next)
 	n := len(s.k.runs)
 	err := s.d.Sync(context.Background(), next, changed, full)
 	if err == nil {
@@ -52,22 +52,6 @@ func (s *syncer) syncNode(full bool, node *pb.NodeInfo, services ...*pb.Service)
 		return nil, err
 	}
 	return s.k.runs[len(s.k.runs)-1], err
-}
-
-func changedKeys(prev, next *proxytable.Table) []string {
-	var changed []string
-	for k, e := range next.Entries {
-		if old, ok := prev.Entries[k]; !ok || old.GetHash() != e.GetHash() {
-			changed = append(changed, k)
-		}
-	}
-	for k := range prev.Entries {
-		if _, ok := next.Entries[k]; !ok {
-			changed = append(changed, k)
-		}
-	}
-	slices.Sort(changed)
-	return changed
 }
 
 // mustSync is sync that fails the test on error; it returns the
@@ -94,25 +78,25 @@ func (s *syncer) assertKernelLikeFullSync() {
 		s.t.Fatalf("reference Sync: %v", err)
 	}
 	if got, want := s.k.dump(), ref.dump(); got != want {
-		s.t.Fatalf("kernel differs from a full sync of the same table:\n%s", lineDiff(want, got))
+		s.t.Fatalf("kernel differs from a full sync of the same table:\n%s", dptest.LineDiff(want, got))
 	}
 }
 
 func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	others := scaleServices(20, 2)
-	web := clusterIPTwoEndpoints()
+	others := dptest.ScaleServices(20, 2)
+	web := dptest.ClusterIPTwoEndpoints()
 	s.mustSync(true, append(others, web)...)
 
 	// One endpoint replaced: the map elements stay the same.
-	web2 := clusterIPTwoEndpoints()
-	web2.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", remoteEP2+":8080")}
+	web2 := dptest.ClusterIPTwoEndpoints()
+	web2.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", dptest.RemoteEP2+":8080")}
 	data := s.mustSync(false, append(others, web2)...)
 
 	base := portNameBase("ns/web", "tcp", "http")
-	oldEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", remoteEP, 8080)
-	newEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", remoteEP2, 8080)
-	keptEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", localEP, 8080)
+	oldEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", dptest.RemoteEP, 8080)
+	newEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", dptest.RemoteEP2, 8080)
+	keptEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", dptest.LocalEP, 8080)
 	want := []string{
 		"flush chain ip proxyplane " + prefixClusterPolicyChain + base,
 		"flush chain ip proxyplane " + oldEP,
@@ -139,11 +123,11 @@ func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
 
 func TestPartialSyncAddAndRemove(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	others := scaleServices(5, 2)
+	others := dptest.ScaleServices(5, 2)
 	s.mustSync(true, others...)
 
 	// Add: its chains and elements, nothing of the others.
-	data := s.mustSync(false, append(others, nodePortService())...)
+	data := s.mustSync(false, append(others, dptest.NodePortService())...)
 	for _, w := range []string{"add element ip proxyplane service-ips { 10.96.0.20 . tcp . 80 : goto service-",
 		"add element ip proxyplane service-nodeports { tcp . 30080 : goto external-", "add element ip proxyplane cluster-ips { 10.96.0.20 }"} {
 		if !strings.Contains(data, w) {
@@ -182,11 +166,11 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 
 func TestPartialSyncLosingEndpointsRejects(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, clusterIPTwoEndpoints(), nodePortService())
-	gone := clusterIPTwoEndpoints()
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
+	gone := dptest.ClusterIPTwoEndpoints()
 	gone.Ports[0].HasEndpoints = false
 	gone.ClusterEndpoints = nil
-	data := s.mustSync(false, gone, nodePortService())
+	data := s.mustSync(false, gone, dptest.NodePortService())
 	if !strings.Contains(data, "add element ip proxyplane no-endpoint-services { 10.96.0.10 . tcp . 80 : goto reject-chain }") ||
 		!strings.Contains(data, "delete element ip proxyplane service-ips { 10.96.0.10 . tcp . 80 }") {
 		t.Errorf("service losing its endpoints did not move to no-endpoint-services:\n%s", data)
@@ -196,9 +180,9 @@ func TestPartialSyncLosingEndpointsRejects(t *testing.T) {
 
 func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, dualStackService())
-	v6changed := dualStackService()
-	v6changed.ClusterEndpoints = []*pb.PortEndpoints{eps("http", localEP+":8080", "[fd00:244:3::10]:8080")}
+	s.mustSync(true, dptest.DualStackService())
+	v6changed := dptest.DualStackService()
+	v6changed.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", "[fd00:244:3::10]:8080")}
 	tx, err := s.sync(false, v6changed)
 	if err != nil {
 		t.Fatal(err)
@@ -224,7 +208,7 @@ func TestFullSyncReplacesLeftovers(t *testing.T) {
 	if err := s.k.Run(context.Background(), leftovers); err != nil {
 		t.Fatal(err)
 	}
-	data := s.mustSync(true, clusterIPTwoEndpoints())
+	data := s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	for _, w := range []string{"delete chain ip proxyplane " + old.name, "delete set ip proxyplane " + oldSet.name,
 		"delete chain ip proxyplane nat-prerouting", "delete map ip proxyplane service-ips"} {
 		if !strings.Contains(data, w+"\n") {
@@ -237,7 +221,7 @@ func TestFullSyncReplacesLeftovers(t *testing.T) {
 	s.assertKernelLikeFullSync()
 
 	// A later full sync knows the kernel: no listing, no recreation.
-	data = s.mustSync(true, nodePortService())
+	data = s.mustSync(true, dptest.NodePortService())
 	if s.k.lists != 1 || strings.Contains(data, "delete chain ip proxyplane nat-prerouting") {
 		t.Errorf("second full sync listed the kernel or recreated base chains:\n%s", data)
 	}
@@ -251,18 +235,18 @@ func TestFullSyncReplacesLeftovers(t *testing.T) {
 // flush the affinity sets that stay: clients keep their endpoints.
 func TestFullSyncKeepsAffinitySets(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, affinityService())
-	set := affinitySet("ns/sticky", "http", remoteEP+":8080")
-	s.k.table.sets[set].elems[elemKey{addr: mustAddr(localPod)}] = verdict{} // a client seen
-	data := s.mustSync(true, affinityService())
+	s.mustSync(true, dptest.AffinityService())
+	set := affinitySet("ns/sticky", "http", dptest.RemoteEP+":8080")
+	s.k.table.sets[set].elems[elemKey{addr: mustAddr(dptest.LocalPod)}] = verdict{} // a client seen
+	data := s.mustSync(true, dptest.AffinityService())
 	if strings.Contains(data, "set ip proxyplane "+set) && !strings.Contains(data, "add set ip proxyplane "+set) {
 		t.Errorf("full sync touched the affinity set:\n%s", data)
 	}
-	if _, ok := s.k.table.sets[set].elems[elemKey{addr: mustAddr(localPod)}]; !ok {
+	if _, ok := s.k.table.sets[set].elems[elemKey{addr: mustAddr(dptest.LocalPod)}]; !ok {
 		t.Errorf("full sync lost the affinity entry")
 	}
 	// A new timeout is a new set; the old one goes.
-	longer := affinityService()
+	longer := dptest.AffinityService()
 	longer.SessionAffinity.TimeoutSeconds = 1200
 	s.mustSync(false, longer)
 	if _, ok := s.k.table.sets[set]; ok {
@@ -276,7 +260,7 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 	cfg := testConfig(IPv4)
 	cfg.OnTransactionFailure = func(partial bool) { failures = append(failures, partial) }
 	s := newSyncer(t, cfg)
-	base := scaleServices(3, 2)
+	base := dptest.ScaleServices(3, 2)
 	s.mustSync(true, base...)
 	before := s.k.dump()
 
@@ -288,7 +272,7 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := s.sync(false, append(base, nodePortService(), noEndpointsService())...)
+	_, err := s.sync(false, append(base, dptest.NodePortService(), dptest.NoEndpointsService())...)
 	var te *TransactionError
 	if !errors.As(err, &te) || !IsTransactionRefused(err) || !errors.Is(err, syscall.EINVAL) {
 		t.Fatalf("Sync error = %v, want a TransactionError wrapping EINVAL", err)
@@ -323,15 +307,15 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 // outcome is unknown (the answer was lost) the next sync lists the table.
 func TestUnknownOutcomeListsAgain(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	s.mustSync(true, clusterIPTwoEndpoints())
+	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	s.k.fail = func(tx *transaction) error {
 		return &SocketError{Op: "reading the kernel's answer", Sent: true, Err: syscall.ENOBUFS}
 	}
-	if _, err := s.sync(false, clusterIPTwoEndpoints(), nodePortService()); !IsOutcomeUnknown(err) || !IsSocketFailed(err) {
+	if _, err := s.sync(false, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService()); !IsOutcomeUnknown(err) || !IsSocketFailed(err) {
 		t.Fatalf("Sync error = %v, want an unknown outcome", err)
 	}
 	s.k.fail = nil
-	s.mustSync(false, clusterIPTwoEndpoints(), nodePortService())
+	s.mustSync(false, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
 	if s.k.lists != 2 {
 		t.Errorf("listed %d times, want 2 (after the unknown outcome)", s.k.lists)
 	}
@@ -342,13 +326,13 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 	cfg := testConfig(IPv4)
 	cfg.LocalMode = LocalNodeCIDR
 	s := newSyncer(t, cfg)
-	if _, err := s.syncNode(true, testNode(), clusterIPTwoEndpoints()); err != nil {
+	if _, err := s.syncNode(true, dptest.Node(), dptest.ClusterIPTwoEndpoints()); err != nil {
 		t.Fatal(err)
 	}
-	node := testNode()
+	node := dptest.Node()
 	node.PodCidrs = []string{"10.244.9.0/24"}
 	node.Hash = 8
-	tx, err := s.syncNode(false, node, clusterIPTwoEndpoints())
+	tx, err := s.syncNode(false, node, dptest.ClusterIPTwoEndpoints())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,10 +347,10 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 // smaller key wins, and the other takes over when it goes.
 func TestConflictingServices(t *testing.T) {
 	s := newSyncer(t, testConfig(IPv4))
-	a := externalIPService() // ns/ext, 198.51.100.80:80
+	a := dptest.ExternalIPService() // ns/ext, 198.51.100.80:80
 	b := proto.CloneOf(a)
 	b.Name, b.ClusterIps = "ext2", []string{"10.96.0.81"}
-	b.ClusterEndpoints = []*pb.PortEndpoints{eps("http", remoteEP2+":8080")}
+	b.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.RemoteEP2+":8080")}
 	s.mustSync(true, a, b)
 	winner := func() string {
 		for key, v := range s.k.table.sets[mapServiceIPs].elems {
@@ -396,102 +380,11 @@ func TestPartialSyncsConverge(t *testing.T) {
 	for _, family := range []Family{IPv4, IPv6} {
 		t.Run(family.String(), func(t *testing.T) {
 			s := newSyncer(t, testConfig(family))
-			services := map[string]*pb.Service{}
 			s.mustSync(true)
-			for step := range 200 {
-				mutate(rng, services)
-				full := step%50 == 49
-				if _, err := s.sync(full, sortedServices(services)...); err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				s.assertKernelLikeFullSync()
-			}
+			dptest.Converge(t, rng, func(full bool, services ...*pb.Service) error {
+				_, err := s.sync(full, services...)
+				return err
+			}, s.assertKernelLikeFullSync)
 		})
-	}
-}
-
-func sortedServices(m map[string]*pb.Service) []*pb.Service {
-	out := make([]*pb.Service, 0, len(m))
-	for _, k := range sortedKeys(m) {
-		out = append(out, m[k])
-	}
-	return out
-}
-
-// mutate makes one random change to services: add, remove, or change a
-// Service's endpoints, policies, addresses or affinity. Services share
-// external addresses now and then, so conflicts are exercised too.
-func mutate(rng *rand.Rand, services map[string]*pb.Service) {
-	name := "s" + strconv.Itoa(rng.IntN(8))
-	n := int(name[1] - '0')
-	s, ok := services[name]
-	if ok {
-		// The previous table holds s: change a copy.
-		s = proto.CloneOf(s)
-		services[name] = s
-	}
-	if !ok || rng.IntN(6) == 0 {
-		if ok && rng.IntN(2) == 0 {
-			delete(services, name)
-			return
-		}
-		s = svc("ns", name, addrAt("10.96.1.0", n+1), "fd00:96::1:"+strconv.Itoa(n+1))
-		s.Ports = []*pb.ServicePort{port("a", tcp, 80, 0, true), port("b", udp, 53, 0, true)}
-		services[name] = s
-	}
-	// Rebuild the endpoint sets from scratch with random choices.
-	pick := func() []string {
-		var out []string
-		for i := range 4 {
-			if rng.IntN(2) == 0 {
-				out = append(out, addrAt("10.244.1.0", 10+i)+":8080", "[fd00:244:1::"+strconv.Itoa(10+i)+"]:8080")
-			}
-		}
-		for i := range 3 {
-			if rng.IntN(2) == 0 {
-				out = append(out, addrAt("10.244.2.0", 10+i)+":8080", "[fd00:244:2::"+strconv.Itoa(10+i)+"]:8080")
-			}
-		}
-		return out
-	}
-	switch rng.IntN(6) {
-	case 0:
-		s.ExternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
-		s.InternalTrafficPolicy = pb.TrafficPolicy(1 + rng.IntN(2))
-	case 1:
-		s.Type = pb.ServiceType_SERVICE_TYPE_LOAD_BALANCER
-		s.LoadBalancerIps = []string{addrAt("198.51.100.0", n+1), "2001:db8::" + strconv.Itoa(n+1)}
-		s.Ports[0].NodePort = int32(30000 + n)
-		if rng.IntN(2) == 0 {
-			s.LoadBalancerSourceRanges = []string{"203.0.113.0/24", "2001:db8:1::/48"}
-		} else {
-			s.LoadBalancerSourceRanges = nil
-		}
-	case 2:
-		if s.SessionAffinity == nil {
-			s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: int32(60 * (1 + rng.IntN(2)))}
-		} else {
-			s.SessionAffinity = nil
-		}
-	case 3:
-		// Shared by two Services at most, as a conflict would be.
-		s.ExternalIps = []string{addrAt("198.51.100.200", n/2), "2001:db8::c8:" + strconv.Itoa(n/2)}
-	}
-	s.ClusterEndpoints, s.LocalEndpoints = nil, nil
-	for _, p := range s.Ports {
-		all := pick()
-		p.HasEndpoints = len(all) > 0
-		if len(all) > 0 {
-			s.ClusterEndpoints = append(s.ClusterEndpoints, eps(p.Name, all...))
-		}
-		var local []string
-		for _, a := range all {
-			if strings.HasPrefix(a, "10.244.1.") || strings.HasPrefix(a, "[fd00:244:1::") {
-				local = append(local, a)
-			}
-		}
-		if len(local) > 0 && (s.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL || s.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL) {
-			s.LocalEndpoints = append(s.LocalEndpoints, eps(p.Name, local...))
-		}
 	}
 }
