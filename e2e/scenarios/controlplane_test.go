@@ -214,16 +214,25 @@ func (e *env) testControlPlaneDown(t *testing.T) {
 		if err != nil {
 			t.Fatalf("node-1 after its agent restarted from cache: %v\n%s", err, a.LogTail(20))
 		}
-		s, err := a.State(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
 		// The agent's metric of the version in force must name the cached
-		// table. (It is set only when the version in force changes, and the
-		// cached table is in force from the start, so today it stays empty
-		// until the next change: a bug in nodeagent/agent.)
-		if s.Version != versions[a.Node.Name()] {
-			t.Errorf("%s restarted from its cache reports version %q in force (proxyplane_agent_applied_version_info), want its cached %s", a.Name(), s.Version, versions[a.Node.Name()])
+		// table. The kernel forwards as soon as the restore commits, a
+		// moment before the agent records the sync, so poll briefly.
+		var s box.State
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = box.Eventually(wctx, func() error {
+			var err error
+			if s, err = a.State(wctx); err != nil {
+				return err
+			}
+			if s.Version != versions[a.Node.Name()] {
+				return fmt.Errorf("version %q in force", s.Version)
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			t.Errorf("%s restarted from its cache reports %v (proxyplane_agent_applied_version_info), want its cached %s\n%s",
+				a.Name(), err, versions[a.Node.Name()], a.LogTail(20))
 		}
 		if s.Connected {
 			t.Errorf("%s reports a control plane stream while every replica is down", a.Name())
