@@ -73,7 +73,7 @@ func TestGRPCurl(t *testing.T) {
 		Reason: compute.ReasonInvalidService, Message: `clusterIPs: ParseAddr("10.96.0.300"): IPv4 field has value >255`,
 		Count: 3, FirstSeen: timestamppb.New(time.Unix(1700000000, 0)), LastSeen: timestamppb.New(time.Unix(1700000300, 0)),
 	}}}}
-	gs := NewGRPCServer(store, events, NewOptions(), slog.New(slog.DiscardHandler))
+	gs, _ := NewGRPCServer(store, events, NewOptions(), slog.New(slog.DiscardHandler))
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	addr := lis.Addr().String()

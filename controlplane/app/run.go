@@ -52,7 +52,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.Register(reg)
 
-	gs := NewGRPCServer(store, watcher, o, log.With("component", "server"))
+	gs, stopStreams := NewGRPCServer(store, watcher, o, log.With("component", "server"))
 	grpcLis, err := net.Listen("tcp", o.GRPCAddress)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.GRPCAddress, err)
@@ -77,6 +77,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	g.Go(func() error {
 		<-ctx.Done()
 		log.Info("control plane stopping")
+		// Agents learn at once (Unavailable) and move to another replica.
+		stopStreams()
 		stopped := make(chan struct{})
 		go func() { gs.GracefulStop(); close(stopped) }()
 		select {
@@ -95,8 +97,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // NewGRPCServer builds the gRPC server: the TableService (its ListEvents
 // reports what events supplies), the standard health service (SERVING
 // once the first world is published) and server reflection, so that
-// grpcurl can list, describe and stream.
-func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, log *slog.Logger) *grpc.Server {
+// grpcurl can list, describe and stream. The returned stop ends every
+// stream and reports NOT_SERVING; call it before GracefulStop, or that
+// waits for agents' streams, which never end on their own.
+func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, log *slog.Logger) (gs *grpc.Server, stop func()) {
 	opts := append(server.GRPCOptions(),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
@@ -106,12 +110,13 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, lo
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
-	gs := grpc.NewServer(opts...)
-	server.New(store, server.Options{
+	gs = grpc.NewServer(opts...)
+	srv := server.New(store, server.Options{
 		KeepaliveInterval: o.KeepaliveInterval, KeepaliveTimeout: o.KeepaliveTimeout,
 		WriteTimeout: o.WriteTimeout, AckTimeout: o.AckTimeout,
 		Events: events,
-	}, log).Register(gs)
+	}, log)
+	srv.Register(gs)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	go func() {
@@ -120,7 +125,7 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, lo
 	}()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	return gs
+	return gs, func() { hs.Shutdown(); srv.Shutdown() }
 }
 
 func httpHandler(reg *prometheus.Registry, store *table.Store) http.Handler {

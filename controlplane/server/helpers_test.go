@@ -27,9 +27,17 @@ const waitFor = 10 * time.Second
 // client for it, its connection, and a way to dial more connections.
 func newTestServer(t testing.TB, store *table.Store, opts Options) (pb.TableServiceClient, *grpc.ClientConn, func(...grpc.DialOption) pb.TableServiceClient) {
 	t.Helper()
+	client, conn, dial, _ := serve(t, New(store, opts, slog.New(slog.DiscardHandler)))
+	return client, conn, dial
+}
+
+// serve serves srv over bufconn, returning a client, its connection, a
+// dialer for more connections and the gRPC server.
+func serve(t testing.TB, srv *Server) (pb.TableServiceClient, *grpc.ClientConn, func(...grpc.DialOption) pb.TableServiceClient, *grpc.Server) {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(GRPCOptions()...)
-	New(store, opts, slog.New(slog.DiscardHandler)).Register(gs)
+	srv.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	dial := func(extra ...grpc.DialOption) *grpc.ClientConn {
@@ -47,7 +55,7 @@ func newTestServer(t testing.TB, store *table.Store, opts Options) (pb.TableServ
 	conn := dial()
 	return pb.NewTableServiceClient(conn), conn, func(extra ...grpc.DialOption) pb.TableServiceClient {
 		return pb.NewTableServiceClient(dial(extra...))
-	}
+	}, gs
 }
 
 // service builds a ClusterIP Service with one TCP port and n ready

@@ -19,6 +19,7 @@ import (
 // Errors that end a stream; each maps to a gRPC status at the edge.
 var (
 	errReplaced         = errors.New("a newer stream for this node replaced this one")
+	errShuttingDown     = errors.New("this control plane replica is shutting down")
 	errKeepaliveTimeout = errors.New("no message from the agent within the keepalive timeout")
 	errWriteTimeout     = errors.New("the agent did not take a message within the write timeout")
 	errAckTimeout       = errors.New("the agent neither acknowledged nor rejected a table within the ack timeout")
@@ -33,11 +34,29 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 	reg   *registry
+	// stopping ends every stream when Shutdown cancels it.
+	stopping context.Context
+	shutdown context.CancelCauseFunc
 }
 
 // New returns a server of store's tables.
 func New(store *table.Store, opts Options, log *slog.Logger) *Server {
-	return &Server{store: store, opts: opts.withDefaults(), log: log, reg: newRegistry()}
+	s := &Server{store: store, opts: opts.withDefaults(), log: log, reg: newRegistry()}
+	s.stopping, s.shutdown = context.WithCancelCause(context.Background())
+	return s
+}
+
+// Shutdown ends every Sync and WatchTable stream with Unavailable, so that
+// agents move to another replica at once. Call it before the gRPC server's
+// GracefulStop, which would otherwise wait for streams that never end on
+// their own.
+func (s *Server) Shutdown() { s.shutdown(errShuttingDown) }
+
+// streamContext is a stream's context, ended also by Shutdown.
+func (s *Server) streamContext(ctx context.Context) (context.Context, context.CancelCauseFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.stopping, func() { cancel(context.Cause(s.stopping)) })
+	return ctx, func(cause error) { stop(); cancel(cause) }
 }
 
 // GRPCOptions returns the grpc.ServerOptions the server relies on: the
@@ -88,7 +107,8 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 	if err := validNodeName(req.GetNodeName()); err != nil {
 		return toStatus(err)
 	}
-	ctx := stream.Context()
+	ctx, cancel := s.streamContext(stream.Context())
+	defer cancel(nil)
 	if _, err := s.world(ctx); err != nil {
 		return err
 	}
@@ -117,6 +137,9 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 		}
 		select {
 		case <-ctx.Done():
+			if errors.Is(context.Cause(ctx), errShuttingDown) {
+				return toStatus(errShuttingDown)
+			}
 			return nil
 		case <-sub.Wake():
 			cur.Update(sub.Take())
@@ -152,6 +175,8 @@ func toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, errReplaced):
 		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, errShuttingDown):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, errKeepaliveTimeout), errors.Is(err, errWriteTimeout), errors.Is(err, errAckTimeout):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -169,6 +194,8 @@ func reason(err error) string {
 		return "invalid"
 	case errors.Is(err, errReplaced):
 		return "replaced"
+	case errors.Is(err, errShuttingDown):
+		return "shutdown"
 	case errors.Is(err, errKeepaliveTimeout):
 		return "keepalive_timeout"
 	case errors.Is(err, errWriteTimeout):

@@ -27,7 +27,7 @@ type syncStream = grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 
 // Sync implements TableService. See the proto for the protocol.
 func (s *Server) Sync(stream syncStream) (err error) {
-	ctx, cancel := context.WithCancelCause(stream.Context())
+	ctx, cancel := s.streamContext(stream.Context())
 	defer cancel(nil)
 	in := make(chan *pb.SyncRequest)
 	recvErr := make(chan error, 1)

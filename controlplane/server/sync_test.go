@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -351,5 +352,38 @@ func TestWatchTable(t *testing.T) {
 	}
 	if st := nodeStatus(t, client, "node-7"); st.GetConnected() {
 		t.Errorf("a watch must not show as a connected agent: %v", st)
+	}
+}
+
+// TestShutdownEndsStreams checks that Shutdown ends agents' and watchers'
+// streams with Unavailable, so agents move to another replica at once and
+// GracefulStop does not wait for streams that would never end.
+func TestShutdownEndsStreams(t *testing.T) {
+	store := cluster(t)
+	srv := New(store, Options{}, slog.New(slog.DiscardHandler))
+	client, _, _, gs := serve(t, srv)
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	a.ack(a.recv())
+	watch, err := client.WatchTable(t.Context(), &pb.WatchTableRequest{NodeName: "node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil {
+		t.Fatalf("first watch message: %v", err)
+	}
+
+	srv.Shutdown()
+	if err := a.recvErr(); status.Code(err) != codes.Unavailable {
+		t.Errorf("agent's stream ended with %v, want Unavailable", err)
+	}
+	if _, err := watch.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("watch stream ended with %v, want Unavailable", err)
+	}
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("GracefulStop still waiting for streams after Shutdown")
 	}
 }
