@@ -27,6 +27,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/nftables"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -170,10 +171,10 @@ func afterSync(hc *healthcheck.Server, cleaners []*conntrack.Cleaner, log *slog.
 // agent leaves out IPv6 on a node without it (a kernel booted with
 // ipv6.disable=1 has no /proc/net/if_inet6): programming it there would
 // fail every sync and reject every table.
-func nodeFamilies(log *slog.Logger) []iptables.Family {
-	families := []iptables.Family{iptables.IPv4}
+func nodeFamilies(log *slog.Logger) []plan.Family {
+	families := []plan.Family{plan.IPv4}
 	if _, err := os.Stat("/proc/net/if_inet6"); err == nil {
-		families = append(families, iptables.IPv6)
+		families = append(families, plan.IPv6)
 	} else {
 		log.Warn("IPv6 is not available on this node; programming IPv4 only", "err", err)
 	}
@@ -181,18 +182,19 @@ func nodeFamilies(log *slog.Logger) []iptables.Family {
 }
 
 // newDataplane builds one dataplane of the selected mode per IP family.
-func newDataplane(o *Options, families []iptables.Family) (dataplane.Dataplane, error) {
+func newDataplane(o *Options, families []plan.Family) (dataplane.Dataplane, error) {
 	var dps []dataplane.Dataplane
 	for _, family := range families {
 		var dp dataplane.Dataplane
 		var err error
+		f := settingsFor(o, family)
 		switch o.ProxyMode {
 		case "nftables":
-			dp, err = newNFTables(o, family)
+			dp, err = newNFTables(f)
 		case "ipvs":
-			dp, err = newIPVS(o, family)
+			dp, err = newIPVS(o, f)
 		default:
-			dp, err = newIPTables(o, family)
+			dp, err = newIPTables(o, f)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s %s dataplane: %w", family, o.ProxyMode, err)
@@ -202,58 +204,55 @@ func newDataplane(o *Options, families []iptables.Family) (dataplane.Dataplane, 
 	return dataplane.Join(dps...), nil
 }
 
-func newIPTables(o *Options, family iptables.Family) (dataplane.Dataplane, error) {
-	cfg := iptables.DefaultConfig(family)
-	cfg.Backend = iptables.Backend(o.IPTablesBackend)
-	cfg.MasqueradeBit = o.MasqueradeBit
-	cfg.LocalMode = iptables.LocalMode(o.DetectLocalMode)
-	cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
-	cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
-	cfg.OnRestoreFailure = func(bool) { metrics.IPTablesRestoreFailuresTotal.Inc() }
-	if cfg.LocalMode == iptables.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
-		// No pod CIDR of this family: nothing to recognise.
-		cfg.LocalMode = iptables.LocalNone
+// settingsFor is what every dataplane takes from the flags for family.
+func settingsFor(o *Options, family plan.Family) plan.Settings {
+	s := plan.Settings{
+		Family:            family,
+		MasqueradeBit:     o.MasqueradeBit,
+		LocalMode:         plan.LocalMode(o.DetectLocalMode),
+		ClusterCIDRs:      cidrsOf(family, o.ClusterCIDRs),
+		NodePortAddresses: cidrsOf(family, o.NodePortAddresses),
 	}
+	if s.LocalMode == plan.LocalClusterCIDR && len(s.ClusterCIDRs) == 0 {
+		// No pod CIDR of this family: nothing to recognise.
+		s.LocalMode = plan.LocalNone
+	}
+	return s
+}
+
+func newIPTables(o *Options, s plan.Settings) (dataplane.Dataplane, error) {
+	cfg := iptables.DefaultConfig(iptables.Family(s.Family))
+	cfg.Backend = iptables.Backend(o.IPTablesBackend)
+	cfg.MasqueradeBit, cfg.LocalMode = s.MasqueradeBit, s.LocalMode
+	cfg.ClusterCIDRs, cfg.NodePortAddresses = s.ClusterCIDRs, s.NodePortAddresses
+	cfg.OnRestoreFailure = func(bool) { metrics.IPTablesRestoreFailuresTotal.Inc() }
 	return iptables.New(cfg)
 }
 
-func newNFTables(o *Options, family iptables.Family) (dataplane.Dataplane, error) {
-	cfg := nftables.DefaultConfig(nftables.Family(family))
-	cfg.MasqueradeBit = o.MasqueradeBit
+func newNFTables(s plan.Settings) (dataplane.Dataplane, error) {
+	cfg := nftables.DefaultConfig(nftables.Family(s.Family))
+	cfg.MasqueradeBit, cfg.LocalMode = s.MasqueradeBit, s.LocalMode
+	cfg.ClusterCIDRs, cfg.NodePortAddresses = s.ClusterCIDRs, s.NodePortAddresses
 	cfg.OnTransactionFailure = func(bool) { metrics.NFTablesSyncFailuresTotal.Inc() }
-	cfg.LocalMode = nftables.LocalMode(o.DetectLocalMode)
-	cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
-	cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
-	if cfg.LocalMode == nftables.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
-		cfg.LocalMode = nftables.LocalNone
-	}
 	return nftables.New(cfg)
 }
 
 // newIPVS fails at once on a kernel without IPVS, naming what is missing,
 // and the agent exits non-zero rather than run without a dataplane.
-func newIPVS(o *Options, family iptables.Family) (dataplane.Dataplane, error) {
-	cfg := ipvs.DefaultConfig(ipvs.Family(family))
+func newIPVS(o *Options, s plan.Settings) (dataplane.Dataplane, error) {
+	cfg := ipvs.DefaultConfig(ipvs.Family(s.Family))
 	cfg.Scheduler = o.IPVSScheduler
 	cfg.Backend = ipvs.Backend(o.IPTablesBackend)
-	cfg.MasqueradeBit = o.MasqueradeBit
-	cfg.LocalMode = ipvs.LocalMode(o.DetectLocalMode)
-	cfg.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
-	cfg.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
-	if cfg.LocalMode == ipvs.LocalClusterCIDR && len(cfg.ClusterCIDRs) == 0 {
-		cfg.LocalMode = ipvs.LocalNone
-	}
+	cfg.MasqueradeBit, cfg.LocalMode = s.MasqueradeBit, s.LocalMode
+	cfg.ClusterCIDRs, cfg.NodePortAddresses = s.ClusterCIDRs, s.NodePortAddresses
 	return ipvs.New(cfg)
 }
 
 // cidrsOf keeps the CIDRs of family; Validate has parsed them all.
-func cidrsOf(family iptables.Family, cidrs []string) []string {
-	prefixes, _ := parseCIDRs(cidrs)
+func cidrsOf(family plan.Family, cidrs []string) []string {
 	var out []string
-	for _, p := range prefixes {
-		if p.Addr().Is4() == (family == iptables.IPv4) {
-			out = append(out, p.String())
-		}
+	for _, p := range family.Prefixes(cidrs) {
+		out = append(out, p.String())
 	}
 	return out
 }
