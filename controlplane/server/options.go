@@ -22,8 +22,16 @@ type Options struct {
 	AckTimeout time.Duration
 	// Authorize, when set, decides whether the stream's peer may act for
 	// nodeName; it reads credentials from ctx (metadata or TLS), never
-	// from messages. A non-nil error refuses the stream.
+	// from messages. A non-nil error refuses the stream: a gRPC status
+	// (Unauthenticated, PermissionDenied) as it is, any other error as
+	// PermissionDenied.
 	Authorize func(ctx context.Context, nodeName string) error
+	// AuthorizeRead, when set, decides whether the caller may read status:
+	// nodeName's table for WatchTable, or every node's status and the
+	// events for ListNodes and ListEvents (nodeName ""). Like Authorize it
+	// reads credentials from ctx; its error (a gRPC status, or any error
+	// for PermissionDenied) refuses the call.
+	AuthorizeRead func(ctx context.Context, nodeName string) error
 	// Events, when set, supplies what ListEvents reports; without it
 	// ListEvents reports no events.
 	Events EventSource

@@ -70,6 +70,9 @@ func (s *Server) Register(r grpc.ServiceRegistrar) { pb.RegisterTableServiceServ
 
 // ListNodes implements TableService.
 func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.ListNodesResponse, error) {
+	if err := s.authorizeRead(ctx, ""); err != nil {
+		return nil, err
+	}
 	w, err := s.world(ctx)
 	if err != nil {
 		return nil, err
@@ -81,6 +84,9 @@ func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.Lis
 // first world: before the informers sync, no Service has been checked, and
 // an empty list would wrongly say that all are valid.
 func (s *Server) ListEvents(ctx context.Context, _ *pb.ListEventsRequest) (*pb.ListEventsResponse, error) {
+	if err := s.authorizeRead(ctx, ""); err != nil {
+		return nil, err
+	}
 	if _, err := s.world(ctx); err != nil {
 		return nil, err
 	}
@@ -88,6 +94,20 @@ func (s *Server) ListEvents(ctx context.Context, _ *pb.ListEventsRequest) (*pb.L
 		return &pb.ListEventsResponse{}, nil
 	}
 	return s.opts.Events.Events(), nil
+}
+
+// authorizeRead applies Options.AuthorizeRead, if set.
+func (s *Server) authorizeRead(ctx context.Context, node string) error {
+	if s.opts.AuthorizeRead == nil {
+		return nil
+	}
+	if err := s.opts.AuthorizeRead(ctx, node); err != nil {
+		if status.Code(err) != codes.Unknown {
+			return err
+		}
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	return nil
 }
 
 // world waits for the store's first world: no table is served before the
@@ -106,6 +126,9 @@ func (s *Server) world(ctx context.Context) (*table.World, error) {
 func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreamingServer[pb.WatchTableResponse]) error {
 	if err := validNodeName(req.GetNodeName()); err != nil {
 		return toStatus(err)
+	}
+	if err := s.authorizeRead(stream.Context(), req.GetNodeName()); err != nil {
+		return err
 	}
 	ctx, cancel := s.streamContext(stream.Context())
 	defer cancel(nil)

@@ -40,6 +40,9 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	node := hello.GetNodeName()
 	if s.opts.Authorize != nil {
 		if err := s.opts.Authorize(ctx, node); err != nil {
+			if status.Code(err) != codes.Unknown {
+				return err
+			}
 			return status.Errorf(codes.PermissionDenied, "node %q: %v", node, err)
 		}
 	}
