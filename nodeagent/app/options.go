@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -56,6 +57,18 @@ type Options struct {
 	IPTablesBackend string
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+	// Insecure dials the control plane in plaintext without a token: for
+	// tests only.
+	Insecure bool
+	// CAFile is the PEM bundle the control plane's certificate must chain
+	// to, read on every connect.
+	CAFile string
+	// TLSServerName is the name the control plane's certificate must
+	// carry.
+	TLSServerName string
+	// TokenFile is the bearer token proving this node, read on every
+	// connect.
+	TokenFile string
 }
 
 // proxyModes are the dataplanes this build offers.
@@ -85,6 +98,16 @@ func NewOptions() *Options {
 		SyncPeriod:      30 * time.Second,
 		IPTablesBackend: "auto",
 		LogLevel:        "info",
+		// Where deploy/nodeagent.yaml mounts the proxyplane-ca ConfigMap,
+		// which the control plane publishes with the CA it bootstraps.
+		CAFile: "/var/run/proxyplane/ca/ca.crt",
+		// The control plane's Service name in deploy/'s namespace, which
+		// its certificate carries. Agents dial node addresses, not the
+		// Service, so the name to verify cannot come from the address.
+		TLSServerName: "proxyplane-controlplane.proxyplane-system.svc",
+		// Where deploy/nodeagent.yaml projects the agent's token (audience
+		// proxyplane, bound to its pod and so to its node).
+		TokenFile: "/var/run/secrets/proxyplane/token",
 	}
 }
 
@@ -104,6 +127,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Interval between full syncs of the kernel rules.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
+	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "PEM bundle the control plane's serving certificate must chain to; read on every connect.")
+	fs.StringVar(&o.TLSServerName, "tls-server-name", o.TLSServerName, "Name the control plane's serving certificate must carry.")
+	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "Bearer token proving this node to the control plane (a projected ServiceAccount token); read on every connect.")
+	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "TESTS ONLY: plaintext to the control plane and no token. Anyone on the path can then read this node's table, and anyone answering on a control plane address can program any rule on this node.")
 }
 
 // Validate reports every invalid option at once.
@@ -166,6 +193,18 @@ func (o *Options) Validate() error {
 	if err := lvl.UnmarshalText([]byte(o.LogLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level %q: %w", o.LogLevel, err))
 	}
+	if !o.Insecure {
+		// The files themselves may appear later (the agent retries); their
+		// names cannot.
+		for _, f := range []struct{ flag, path string }{{"--ca-file", o.CAFile}, {"--token-file", o.TokenFile}} {
+			if !filepath.IsAbs(f.path) {
+				errs = append(errs, fmt.Errorf("%s %q must be an absolute path (or --insecure, for tests)", f.flag, f.path))
+			}
+		}
+		if msgs := validation.IsDNS1123Subdomain(o.TLSServerName); len(msgs) > 0 {
+			errs = append(errs, fmt.Errorf("--tls-server-name %q: %s", o.TLSServerName, msgs[0]))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -178,6 +217,12 @@ func (o *Options) Level() slog.Level {
 
 // CachePath is where the table cache lives.
 func (o *Options) CachePath() string { return filepath.Join(o.StateDir, "table.db") }
+
+// Credentials returns how the client authenticates the control plane and
+// itself.
+func (o *Options) Credentials() client.Credentials {
+	return client.Credentials{Insecure: o.Insecure, CAFile: o.CAFile, ServerName: o.TLSServerName, TokenFile: o.TokenFile}
+}
 
 func parseCIDRs(in []string) ([]netip.Prefix, error) {
 	out := make([]netip.Prefix, 0, len(in))

@@ -28,6 +28,10 @@ func TestOptionsValidate(t *testing.T) {
 		{"short sync period", append(base, "--sync-period=10ms"), "--sync-period"},
 		{"bad backend", append(base, "--iptables-backend=xt"), "--iptables-backend"},
 		{"bad healthz address", append(base, "--healthz-bind-address=10256"), "--healthz-bind-address"},
+		{"relative ca file", append(base, "--ca-file=ca.crt"), "--ca-file"},
+		{"relative token file", append(base, "--token-file=token"), "--token-file"},
+		{"bad server name", append(base, "--tls-server-name=Not A Name"), "--tls-server-name"},
+		{"insecure needs no files", append(base, "--insecure", "--ca-file=", "--token-file="), ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -45,6 +49,16 @@ func TestOptionsValidate(t *testing.T) {
 				t.Errorf("error %v, want one containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestSecureByDefault checks that an agent given only the required flags
+// dials with TLS and a token, at the paths deploy/nodeagent.yaml mounts.
+func TestSecureByDefault(t *testing.T) {
+	c := NewOptions().Credentials()
+	if c.Insecure || c.CAFile != "/var/run/proxyplane/ca/ca.crt" || c.TokenFile != "/var/run/secrets/proxyplane/token" ||
+		c.ServerName != "proxyplane-controlplane.proxyplane-system.svc" {
+		t.Errorf("default credentials %+v, want TLS and a token at deploy/'s paths", c)
 	}
 }
 

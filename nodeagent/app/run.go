@@ -15,8 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
@@ -106,9 +104,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			Capabilities: &pb.Capabilities{
 				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: Version,
 			},
-			// TLS and node identity come with authentication (a later
-			// issue); until then the transport is plaintext.
-			DialOptions:         []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			Credentials:         o.Credentials(),
 			BackoffMin:          500 * time.Millisecond,
 			BackoffMax:          30 * time.Second,
 			SilenceTimeout:      time.Minute,
@@ -135,6 +131,13 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		}
 		return nil
 	})
+	if o.Insecure {
+		log.Warn("INSECURE: --insecure dials the control plane in plaintext and sends no token. " +
+			"Anyone on the path can read this node's table, and anyone answering on a control plane address " +
+			"can program any rule on this node. For tests only.")
+	} else {
+		log.Info("control plane credentials", "caFile", o.CAFile, "tlsServerName", o.TLSServerName, "tokenFile", o.TokenFile)
+	}
 	log.Info("node agent started", "node", o.NodeName, "controlPlanes", o.ControlPlanes, "mode", o.ProxyMode)
 	return g.Wait()
 }

@@ -1,8 +1,10 @@
 // Package client is the node agent's side of the Sync stream: it connects
-// to the control plane (failing over across addresses), says what the
-// agent holds, hands each table response to the agent and answers with an
-// ACK or a NACK, and reconnects with backoff when the stream ends or goes
-// silent.
+// to the control plane (failing over across addresses) over TLS, verified
+// against the CA bundle the control plane publishes, proves its node with
+// a bearer token (Credentials: both read afresh on every connect), says
+// what the agent holds, hands each table response to the agent and
+// answers with an ACK or a NACK, and reconnects with backoff when the
+// stream ends or goes silent.
 package client
 
 import (
@@ -46,7 +48,10 @@ type Options struct {
 	NodeName string
 	// Capabilities are sent in the hello.
 	Capabilities *pb.Capabilities
-	// DialOptions carry transport credentials and the like.
+	// Credentials authenticate the control plane and the agent; they are
+	// read afresh for every connection.
+	Credentials Credentials
+	// DialOptions are added to every connection (a dialer, in tests).
 	DialOptions []grpc.DialOption
 	// BackoffMin and BackoffMax bound the reconnect backoff (with jitter).
 	BackoffMin, BackoffMax time.Duration
@@ -78,7 +83,13 @@ func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
 		// Full jitter spreads reconnects of thousands of agents after a
 		// control plane restart.
 		wait := backoff/2 + rand.N(backoff/2+1)
-		log.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err, "in", wait.Round(time.Millisecond))
+		if errors.Is(err, errCredentials) {
+			// Nothing was dialled: the rules in force stay, and the files
+			// are read again at the next attempt.
+			log.Error("cannot connect to the control plane without credentials; keeping the rules in force, retrying", "err", err, "in", wait.Round(time.Millisecond))
+		} else {
+			log.Warn("control plane stream ended; reconnecting", "addr", addr, "err", err, "in", wait.Round(time.Millisecond))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
@@ -99,12 +110,16 @@ func firstAddress(nodeName string, n int) int {
 
 // session runs one stream to addr until it fails.
 func session(ctx context.Context, o Options, addr string, a Applier, log *slog.Logger) error {
-	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{
+	creds, err := o.Credentials.dialOptions()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(addr, append(append([]grpc.DialOption{
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.MaxRecvMessageBytes)),
 		// Transport keepalives find dead TCP connections; the silence
 		// timeout below finds a control plane that stopped talking.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
-	}, o.DialOptions...)...)
+	}, creds...), o.DialOptions...)...)
 	if err != nil {
 		return fmt.Errorf("dialing %s: %w", addr, err)
 	}

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -87,7 +86,15 @@ func (a *fakeApplier) Apply(ctx context.Context, r *pb.SyncResponse) (string, er
 	return r.GetSnapshot().GetVersion() + r.GetDelta().GetVersion(), nil
 }
 
+// start runs the client in plaintext against the named in-memory
+// addresses until the test ends.
 func start(t *testing.T, a Applier, dial grpc.DialOption, names ...string) {
+	t.Helper()
+	startWith(t, a, Credentials{Insecure: true}, slog.New(slog.DiscardHandler), dial, names...)
+}
+
+// startWith is start with the given credentials and logger.
+func startWith(t *testing.T, a Applier, creds Credentials, log *slog.Logger, dial grpc.DialOption, names ...string) {
 	t.Helper()
 	var addrs []string
 	for _, n := range names {
@@ -99,10 +106,10 @@ func start(t *testing.T, a Applier, dial grpc.DialOption, names ...string) {
 		defer close(done)
 		_ = Run(ctx, Options{
 			Addresses: addrs, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
-			DialOptions: []grpc.DialOption{dial, grpc.WithTransportCredentials(insecure.NewCredentials())},
-			BackoffMin:  10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+			Credentials: creds, DialOptions: []grpc.DialOption{dial},
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
 			SilenceTimeout: 300 * time.Millisecond, MaxRecvMessageBytes: 4 << 20,
-		}, a, slog.New(slog.DiscardHandler))
+		}, a, log)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 }
