@@ -26,7 +26,10 @@ type Service struct {
 
 	// The names and zones that get their own view; see class.
 	hintedNodes, hintedZones, localNodes map[string]bool
-	uniform                              *Entry // set when every node sees the same entry
+	// zones holds, for "" and each hinted zone, the entry of a node that
+	// has no view of its own. It is built with the Service and read
+	// without a lock: thousands of stream goroutines ask for it at once.
+	zones map[string]Entry
 
 	mu     sync.Mutex // guards the memos below
 	shared map[class]*Part
@@ -92,23 +95,64 @@ func (s *Service) index() {
 	s.shared, s.local = map[class]*Part{}, map[string]*Part{}
 	delete(s.hintedNodes, "")
 	delete(s.hintedZones, "")
-	if len(s.hintedNodes)+len(s.hintedZones)+len(s.localNodes) == 0 {
-		e := s.entry(class{}, "")
-		s.uniform = &e
+	s.zones = make(map[string]Entry, 1+len(s.hintedZones))
+	s.zones[""] = s.entry(class{}, "")
+	for z := range s.hintedZones {
+		s.zones[z] = s.entry(class{zone: z}, "")
 	}
 }
 
 // Uniform reports whether every node sees the same entry.
-func (s *Service) Uniform() bool { return s.uniform != nil }
+func (s *Service) Uniform() bool { return len(s.hintedNodes)+len(s.hintedZones)+len(s.localNodes) == 0 }
 
-// EntryFor returns n's view of s. Safe for concurrent use.
-func (s *Service) EntryFor(n *Node) Entry {
-	if s.uniform != nil {
-		return *s.uniform
+// Special reports whether the node called name may see s differently from
+// the other nodes of its zone: hints name it, or it hosts endpoints that a
+// Local traffic policy uses.
+func (s *Service) Special(name string) bool { return s.hintedNodes[name] || s.localNodes[name] }
+
+// SpecialNodes returns the names of the nodes for which Special is true,
+// in no particular order.
+func (s *Service) SpecialNodes() []string {
+	out := make([]string, 0, len(s.hintedNodes)+len(s.localNodes))
+	for n := range s.hintedNodes {
+		out = append(out, n)
 	}
-	c := class{}
-	if s.hintedNodes[n.Name] {
-		c.node = n.Name
+	for n := range s.localNodes {
+		if !s.hintedNodes[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// HintedZones returns the zones whose nodes may see s differently from
+// nodes of other zones (hints name them), in no particular order.
+func (s *Service) HintedZones() []string {
+	out := make([]string, 0, len(s.hintedZones))
+	for z := range s.hintedZones {
+		out = append(out, z)
+	}
+	return out
+}
+
+// ZoneEntry is the view of s from a node of zone for which Special is
+// false. Safe for concurrent use, and lock-free.
+func (s *Service) ZoneEntry(zone string) Entry {
+	if e, ok := s.zones[zone]; ok {
+		return e
+	}
+	return s.zones[""]
+}
+
+// EntryFor returns n's view of s. Safe for concurrent use; lock-free
+// unless n is Special.
+func (s *Service) EntryFor(n *Node) Entry {
+	if !s.Special(n.Name) {
+		return s.ZoneEntry(n.Zone)
+	}
+	c := class{node: n.Name}
+	if !s.Special(n.Name) {
+		c.node = ""
 	}
 	if s.hintedZones[n.Zone] {
 		c.zone = n.Zone

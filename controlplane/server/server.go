@@ -135,7 +135,7 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 	if _, err := s.world(ctx); err != nil {
 		return err
 	}
-	sub := s.store.Subscribe(req.GetNodeName())
+	sub := s.store.Subscribe()
 	defer sub.Close()
 	w, _ := sub.Take()
 	cur, err := table.NewCursor(req.GetNodeName(), w, table.Held{}, true, s.store.MaxPending())
@@ -150,7 +150,7 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 			if !r.Snapshot {
 				field = 2 // WatchTableResponse.delta
 			}
-			if err := out.send(ctx, &frame{head: lengthPrefix(nil, field, len(r.Body)), body: r.Body}); err != nil {
+			if err := out.send(ctx, &frame{head: lengthPrefix(nil, field, r.Body.Len()), body: r.Body}); err != nil {
 				return toStatus(err)
 			}
 			if err := cur.Ack(r.Version); err != nil {

@@ -49,7 +49,7 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	if _, err := s.world(ctx); err != nil {
 		return err
 	}
-	sub := s.store.Subscribe(node)
+	sub := s.store.Subscribe()
 	defer sub.Close()
 	w, _ := sub.Take()
 	held := table.Held{Version: hello.GetVersion(), Entries: hello.GetEntryHashes(), NodeHash: hello.GetNodeHash()}
@@ -68,7 +68,7 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	started := time.Now()
 	defer func() {
 		metrics.StreamsClosedTotal.WithLabelValues(reason(err)).Inc()
-		if cur.InFlight() != nil {
+		if _, ok := cur.InFlight(); ok {
 			metrics.VersionsPendingAck.Dec()
 		}
 		log.Info("agent disconnected", "after", time.Since(started).Round(time.Millisecond), "reason", reason(err), "err", err)
@@ -139,7 +139,7 @@ func (ss *syncSession) sendNext(ctx context.Context) error {
 	if r.Snapshot {
 		kind, field = "snapshot", 2 // SyncResponse.snapshot
 	}
-	f := &frame{head: lengthPrefix(head, field, len(r.Body)), body: r.Body}
+	f := &frame{head: lengthPrefix(head, field, r.Body.Len()), body: r.Body}
 	// r is in flight from here: the stream's exit decrements for it.
 	metrics.VersionsPendingAck.Inc()
 	if err := ss.out.send(ctx, f); err != nil {

@@ -220,7 +220,7 @@ func BenchmarkComputeTables(b *testing.B) {
 					if r == nil || !r.Snapshot || r.Version != version {
 						b.Fatalf("%s: snapshot %+v does not match version %016x", n.Name, r, version)
 					}
-					snapshotBytes += len(r.Body)
+					snapshotBytes += r.Body.Len()
 				}
 			}
 			perNode := float64(b.N * len(c.nodes))
@@ -244,7 +244,7 @@ func benchSubscribeAll(b *testing.B, store *Store, nodes []*compute.Node, maxPen
 	b.Helper()
 	peers = make([]benchPeer, 0, len(nodes))
 	for _, n := range nodes {
-		sub := store.Subscribe(n.Name)
+		sub := store.Subscribe()
 		b.Cleanup(sub.Close)
 		w, pend := sub.Take()
 		cur, err := NewCursor(n.Name, w, Held{}, true, maxPending)
@@ -259,7 +259,7 @@ func benchSubscribeAll(b *testing.B, store *Store, nodes []*compute.Node, maxPen
 		if err := cur.Ack(r.Version); err != nil {
 			b.Fatal(err)
 		}
-		snapshotBytes += len(r.Body)
+		snapshotBytes += r.Body.Len()
 		peers = append(peers, benchPeer{sub: sub, cur: cur})
 	}
 	return peers, snapshotBytes
@@ -284,7 +284,7 @@ func benchFanOut(b *testing.B, peers []benchPeer) (sent, bytes int) {
 			b.Fatal(err)
 		}
 		sent++
-		bytes += len(r.Body)
+		bytes += r.Body.Len()
 	}
 	return sent, bytes
 }

@@ -24,8 +24,17 @@ type Cursor struct {
 	base    base
 	pending Pending // changes since base.world; meaningful when base.kind == baseTracked
 
-	inflight *Response
+	inflight *inflight
 	nacked   *uint64 // version the agent rejected: never sent again
+}
+
+// inflight is what the cursor remembers of the response in flight: not
+// its body, which the transport may still be writing and nothing else
+// needs.
+type inflight struct {
+	version uint64
+	node    *compute.Node
+	pending Pending // what the response covered, restored on NACK
 }
 
 type baseKind int
@@ -60,8 +69,9 @@ type Response struct {
 	Snapshot bool
 	// Base and Version are the versions before (deltas) and after.
 	Base, Version uint64
-	// Body is the encoded Snapshot or Delta message.
-	Body []byte
+	// Body is the encoded Snapshot or Delta message, in pieces that may be
+	// shared with other responses: never modify them.
+	Body Body
 	// Upserts and Removals count entries (a snapshot's entries are upserts).
 	Upserts, Removals int
 	// TriggerTime is the newest trigger time among the upserts.
@@ -69,9 +79,27 @@ type Response struct {
 	// LagReset is set on a snapshot sent because the agent fell more than
 	// the pending limit behind.
 	LagReset bool
+}
 
-	node    *compute.Node
-	pending Pending // what this response covered, restored on NACK
+// Body is an encoded message in pieces, which concatenate to the message.
+type Body [][]byte
+
+// Len is the message's size in bytes.
+func (b Body) Len() int {
+	n := 0
+	for _, p := range b {
+		n += len(p)
+	}
+	return n
+}
+
+// Bytes returns the message in one piece (a copy).
+func (b Body) Bytes() []byte {
+	out := make([]byte, 0, b.Len())
+	for _, p := range b {
+		out = append(out, p...)
+	}
+	return out
 }
 
 // NewCursor starts a cursor for node in world w, from what the agent
@@ -101,8 +129,14 @@ func (c *Cursor) Update(w *World, p Pending) {
 	c.pending.merge(p, c.maxPending)
 }
 
-// InFlight reports whether a response awaits acknowledgement.
-func (c *Cursor) InFlight() *Response { return c.inflight }
+// InFlight returns the version of the response awaiting acknowledgement,
+// and whether there is one.
+func (c *Cursor) InFlight() (uint64, bool) {
+	if c.inflight == nil {
+		return 0, false
+	}
+	return c.inflight.version, true
+}
 
 // Current reports whether the agent holds the table of the latest world
 // (as far as acknowledged): nothing pending and nothing in flight.
@@ -156,9 +190,8 @@ func (c *Cursor) Next() *Response {
 	if c.nacked != nil && *c.nacked == r.Version {
 		return nil
 	}
-	r.node, r.pending = node, c.pending
+	c.inflight = &inflight{version: r.Version, node: node, pending: c.pending}
 	c.pending = Pending{}
-	c.inflight = r
 	return r
 }
 
@@ -178,7 +211,7 @@ func (c *Cursor) trackedHash(key string) (uint64, bool) {
 // Ack records that the agent applied the response with version v. A stale
 // or unknown version is an error; the cursor is unchanged.
 func (c *Cursor) Ack(v uint64) error {
-	if c.inflight == nil || c.inflight.Version != v {
+	if c.inflight == nil || c.inflight.version != v {
 		return fmt.Errorf("ack for %s: not the response in flight", compute.FormatVersion(v))
 	}
 	c.base = base{kind: baseTracked, version: v, node: c.inflight.node}
@@ -189,7 +222,7 @@ func (c *Cursor) Ack(v uint64) error {
 // Nack records that the agent rejected the response with version v and
 // still holds its base. That version is not sent again.
 func (c *Cursor) Nack(v uint64) error {
-	if c.inflight == nil || c.inflight.Version != v {
+	if c.inflight == nil || c.inflight.version != v {
 		return fmt.Errorf("nack for %s: not the response in flight", compute.FormatVersion(v))
 	}
 	restored := c.inflight.pending
@@ -200,31 +233,46 @@ func (c *Cursor) Nack(v uint64) error {
 	return nil
 }
 
+// snapshot references the node's zone view and splices in the entries
+// special to the node, so its body costs a few slice headers per special
+// entry rather than a copy of the table.
 func (c *Cursor) snapshot(node *compute.Node) *Response {
-	r := &Response{Snapshot: true, Version: node.Hash}
-	keys := c.world.Keys()
-	type item struct {
-		e       compute.Entry
-		trigger time.Time
+	w := c.world
+	zv := w.zoneView(node.Zone)
+	keys := w.Keys()
+	special := w.index().special[node.Name]
+	r := &Response{Snapshot: true, Version: node.Hash + zv.sum, Upserts: len(keys), TriggerTime: zv.trigger}
+	own := make([]compute.Entry, len(special))
+	for j, i := range special {
+		own[j] = w.services[keys[i]].EntryFor(node)
+		r.Version += own[j].Hash - zv.hashes[i]
 	}
-	items := make([]item, len(keys))
-	size := len(node.Bytes) + 32
-	for i, k := range keys {
-		svc := c.world.Service(k)
-		items[i] = item{svc.EntryFor(node), svc.TriggerTime}
-		r.Version += items[i].e.Hash
-		size += items[i].e.Size() + len(k) + 48 // tags, lengths, hash, trigger time
+	head := appendString(nil, snapVersion, compute.FormatVersion(r.Version))
+	head = appendMessage(head, snapNode, node.Bytes)
+	body := make(Body, 0, 2+2*len(special))
+	body = append(body, head)
+	from := 0 // start of the zone view not yet referenced
+	var ownBytes []byte
+	for j, i := range special {
+		if zv.offsets[i] > from {
+			if len(ownBytes) > 0 {
+				body, ownBytes = append(body, ownBytes), nil
+			}
+			body = append(body, zv.body[from:zv.offsets[i]])
+		}
+		svc := w.services[keys[i]]
+		// Consecutive special entries share one buffer.
+		ownBytes = appendEntry(ownBytes, snapEntries, keys[i], own[j], svc.TriggerTime)
 		r.noteTrigger(svc.TriggerTime)
+		from = zv.offsets[i+1]
 	}
-	// The version leads the message, so it is summed first; sizing the
-	// buffer up front saves regrowing it for a multi-megabyte table.
-	body := make([]byte, 0, size)
-	body = appendString(body, snapVersion, compute.FormatVersion(r.Version))
-	body = appendMessage(body, snapNode, node.Bytes)
-	for i, k := range keys {
-		body = appendEntry(body, snapEntries, k, items[i].e, items[i].trigger)
+	if len(ownBytes) > 0 {
+		body = append(body, ownBytes)
 	}
-	r.Body, r.Upserts = body, len(keys)
+	if from < len(zv.body) {
+		body = append(body, zv.body[from:])
+	}
+	r.Body = body
 	return r
 }
 
@@ -288,7 +336,7 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 		body = appendMessage(body, deltaNode, node.Bytes)
 	}
 	body = append(body, upserts...)
-	r.Body = append(body, removals...)
+	r.Body = Body{append(body, removals...)}
 	return r
 }
 

@@ -25,6 +25,7 @@ type epSpec struct {
 	ip       string
 	node     string // nodeName, "" for none
 	zone     string // zone hint, "" for none
+	nodeHint string // node hint, "" for none
 	notReady bool
 }
 
@@ -75,8 +76,14 @@ func buildService(t *testing.T, spec svcSpec) *compute.Service {
 		if e.node != "" {
 			ep.NodeName = ptr(e.node)
 		}
+		if e.zone != "" || e.nodeHint != "" {
+			ep.Hints = &discoveryv1.EndpointHints{}
+		}
 		if e.zone != "" {
-			ep.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: e.zone}}}
+			ep.Hints.ForZones = []discoveryv1.ForZone{{Name: e.zone}}
+		}
+		if e.nodeHint != "" {
+			ep.Hints.ForNodes = []discoveryv1.ForNode{{Name: e.nodeHint}}
 		}
 		slice.Endpoints = append(slice.Endpoints, ep)
 	}
@@ -173,7 +180,7 @@ func decodeSnapshot(t *testing.T, r *Response) *pb.Snapshot {
 		t.Fatalf("response: got a delta from %s, want a snapshot", compute.FormatVersion(r.Base))
 	}
 	var s pb.Snapshot
-	if err := proto.Unmarshal(r.Body, &s); err != nil {
+	if err := proto.Unmarshal(r.Body.Bytes(), &s); err != nil {
 		t.Fatalf("unmarshal snapshot: %v", err)
 	}
 	if got := parseVersion(t, s.GetVersion()); got != r.Version {
@@ -195,7 +202,7 @@ func decodeDelta(t *testing.T, r *Response) *pb.Delta {
 		t.Fatal("response: got a snapshot, want a delta")
 	}
 	var d pb.Delta
-	if err := proto.Unmarshal(r.Body, &d); err != nil {
+	if err := proto.Unmarshal(r.Body.Bytes(), &d); err != nil {
 		t.Fatalf("unmarshal delta: %v", err)
 	}
 	if got := parseVersion(t, d.GetBaseVersion()); got != r.Base {
@@ -285,7 +292,7 @@ func (a *agent) apply(t *testing.T, r *Response) {
 func (a *agent) applyErr(r *Response) error {
 	if r.Snapshot {
 		var s pb.Snapshot
-		if err := proto.Unmarshal(r.Body, &s); err != nil {
+		if err := proto.Unmarshal(r.Body.Bytes(), &s); err != nil {
 			return fmt.Errorf("unmarshal snapshot: %w", err)
 		}
 		if !slices.IsSorted(entryKeys(s.GetEntries())) {
@@ -298,7 +305,7 @@ func (a *agent) applyErr(r *Response) error {
 		}
 	} else {
 		var d pb.Delta
-		if err := proto.Unmarshal(r.Body, &d); err != nil {
+		if err := proto.Unmarshal(r.Body.Bytes(), &d); err != nil {
 			return fmt.Errorf("unmarshal delta: %w", err)
 		}
 		if !a.has || r.Base != a.version || d.GetBaseVersion() != compute.FormatVersion(a.version) {

@@ -170,7 +170,7 @@ func measureScaleHeap(b *testing.B, nodes, services int) scaleHeap {
 
 	peers := make([]benchPeer, len(c.nodes))
 	for i, n := range c.nodes {
-		sub := store.Subscribe(n.Name)
+		sub := store.Subscribe()
 		held := Held{Version: compute.FormatVersion(versions[i])}
 		cur, err := NewCursor(n.Name, w, held, true, services)
 		if err != nil {

@@ -20,6 +20,10 @@ const (
 	deltaBase, deltaVersion, deltaNode              = 1, 2, 3
 	deltaUpserts, deltaRemovals                     = 4, 5
 	tsSeconds, tsNanos                              = 1, 2
+
+	// entryOverhead bounds what appendEntry adds to the key and the
+	// Service: tags, lengths, the hash and the trigger time.
+	entryOverhead = 48
 )
 
 // appendEntry appends one ServiceEntry, as a length-delimited field num.

@@ -3,12 +3,14 @@ package table
 import (
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 )
 
 // World is one revision of the cluster model. It is immutable once
-// published and safe for concurrent use.
+// published and safe for concurrent use; what it derives on demand (the
+// sorted keys, the zone views) is built once and shared by every stream.
 type World struct {
 	// Revision counts publications on this replica; it only orders worlds
 	// locally. Versions sent to agents are content hashes, not revisions.
@@ -17,8 +19,33 @@ type World struct {
 	services map[string]*compute.Service
 	nodes    map[string]*compute.Node
 
-	keysOnce sync.Once
-	keys     []string // sorted service keys, built on first use
+	indexOnce sync.Once
+	idx       *worldIndex // built on first use; see index
+
+	viewsMu sync.Mutex // guards views
+	views   map[string]*zoneView
+}
+
+// worldIndex is what a world's tables share: the sorted keys, which keys
+// each node sees differently from its zone, and which zones any hint names.
+type worldIndex struct {
+	keys    []string
+	special map[string][]int // node name -> indices into keys, ascending
+	zones   map[string]bool  // zones named by some Service's hints
+}
+
+// zoneView is the table that every node of one zone sees, except for the
+// entries special to a node: each entry encoded once as Snapshot.entries,
+// in key order. Snapshots of the zone's nodes reference body instead of
+// copying it, so a cold start of thousands of agents costs a few views,
+// not a table per agent.
+type zoneView struct {
+	once    sync.Once
+	body    []byte
+	offsets []int    // entry i is body[offsets[i]:offsets[i+1]]
+	hashes  []uint64 // entry i's hash
+	sum     uint64   // sum of hashes
+	trigger time.Time
 }
 
 // Service returns the Service under key, or nil.
@@ -40,16 +67,7 @@ func (w *World) Known(name string) bool { _, ok := w.nodes[name]; return ok }
 func (w *World) Len() int { return len(w.services) }
 
 // Keys returns the Service keys, sorted. The slice is shared: do not modify.
-func (w *World) Keys() []string {
-	w.keysOnce.Do(func() {
-		w.keys = make([]string, 0, len(w.services))
-		for k := range w.services {
-			w.keys = append(w.keys, k)
-		}
-		slices.Sort(w.keys)
-	})
-	return w.keys
-}
+func (w *World) Keys() []string { return w.index().keys }
 
 // NodeNames returns the names of known nodes, sorted.
 func (w *World) NodeNames() []string {
@@ -61,12 +79,84 @@ func (w *World) NodeNames() []string {
 	return names
 }
 
-// Version computes the version of node's table in this world. It walks
-// every Service; cursors avoid it by updating versions incrementally.
+// Version computes the version of node's table in this world from the
+// zone's shared sum and the node's special entries.
 func (w *World) Version(node *compute.Node) uint64 {
-	sum := node.Hash
-	for _, s := range w.services {
-		sum += s.EntryFor(node).Hash
+	idx := w.index()
+	zv := w.zoneView(node.Zone)
+	sum := node.Hash + zv.sum
+	for _, i := range idx.special[node.Name] {
+		sum += w.services[idx.keys[i]].EntryFor(node).Hash - zv.hashes[i]
 	}
 	return sum
+}
+
+// index builds the world's index on first use. It walks every Service
+// once per world, and only when a snapshot or a version is needed.
+func (w *World) index() *worldIndex {
+	w.indexOnce.Do(func() {
+		idx := &worldIndex{keys: make([]string, 0, len(w.services)), special: map[string][]int{}, zones: map[string]bool{}}
+		for k := range w.services {
+			idx.keys = append(idx.keys, k)
+		}
+		slices.Sort(idx.keys)
+		for i, k := range idx.keys {
+			svc := w.services[k]
+			if svc.Uniform() {
+				continue
+			}
+			for _, n := range svc.SpecialNodes() {
+				idx.special[n] = append(idx.special[n], i)
+			}
+			for _, z := range svc.HintedZones() {
+				idx.zones[z] = true
+			}
+		}
+		w.idx = idx
+	})
+	return w.idx
+}
+
+// zoneView returns the view of a node in zone, building it on first use.
+// Zones that no hint names share the view of "".
+func (w *World) zoneView(zone string) *zoneView {
+	if !w.index().zones[zone] {
+		zone = ""
+	}
+	w.viewsMu.Lock()
+	zv := w.views[zone]
+	if zv == nil {
+		if w.views == nil {
+			w.views = map[string]*zoneView{}
+		}
+		zv = &zoneView{}
+		w.views[zone] = zv
+	}
+	w.viewsMu.Unlock()
+	zv.once.Do(func() { zv.build(w, zone) })
+	return zv
+}
+
+func (zv *zoneView) build(w *World, zone string) {
+	keys := w.index().keys
+	entries := make([]compute.Entry, len(keys))
+	size := 0
+	for i, k := range keys {
+		entries[i] = w.services[k].ZoneEntry(zone)
+		size += entries[i].Size() + len(k) + entryOverhead
+	}
+	zv.body = make([]byte, 0, size)
+	zv.offsets = make([]int, len(keys)+1)
+	zv.hashes = make([]uint64, len(keys))
+	for i, k := range keys {
+		svc := w.services[k]
+		zv.offsets[i] = len(zv.body)
+		zv.body = appendEntry(zv.body, snapEntries, k, entries[i], svc.TriggerTime)
+		zv.hashes[i] = entries[i].Hash
+		zv.sum += entries[i].Hash
+		if svc.TriggerTime.After(zv.trigger) {
+			zv.trigger = svc.TriggerTime
+		}
+	}
+	zv.offsets[len(keys)] = len(zv.body)
 }

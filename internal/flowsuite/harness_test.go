@@ -189,13 +189,13 @@ func (c *cluster) sync(t *testing.T) {
 		resp := &pb.SyncResponse{Nonce: "1"}
 		if r.Snapshot {
 			s := &pb.Snapshot{}
-			if err := proto.Unmarshal(r.Body, s); err != nil {
+			if err := proto.Unmarshal(r.Body.Bytes(), s); err != nil {
 				t.Fatal(err)
 			}
 			resp.Kind = &pb.SyncResponse_Snapshot{Snapshot: s}
 		} else {
 			d := &pb.Delta{}
-			if err := proto.Unmarshal(r.Body, d); err != nil {
+			if err := proto.Unmarshal(r.Body.Bytes(), d); err != nil {
 				t.Fatal(err)
 			}
 			resp.Kind = &pb.SyncResponse_Delta{Delta: d}
