@@ -20,7 +20,7 @@ import (
 type Store struct {
 	maxPending int
 
-	mu    sync.Mutex    // serialises Publish
+	mu    sync.Mutex // serialises Publish
 	head  atomic.Pointer[head]
 	ready chan struct{} // closed by the first Publish
 	subs  atomic.Int64
