@@ -79,6 +79,16 @@ var (
 	})
 )
 
+// The label values of the hottest counters, resolved once: a Sync stream
+// counts every response it sends, and looking a label up each time is a
+// map access and a lock per agent per change.
+var (
+	// SnapshotsSent and DeltasSent are ResponsesTotal's children.
+	SnapshotsSent, DeltasSent = ResponsesTotal.WithLabelValues("snapshot"), ResponsesTotal.WithLabelValues("delta")
+	// SnapshotBytesSent and DeltaBytesSent are SentBytesTotal's children.
+	SnapshotBytesSent, DeltaBytesSent = SentBytesTotal.WithLabelValues("snapshot"), SentBytesTotal.WithLabelValues("delta")
+)
+
 // Register registers every metric on r. Call it once per registry.
 func Register(r prometheus.Registerer) {
 	r.MustRegister(NodesConnected, VersionsPendingAck, NacksTotal, ResponsesTotal, SentBytesTotal,

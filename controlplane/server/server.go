@@ -41,7 +41,11 @@ type Server struct {
 
 // New returns a server of store's tables.
 func New(store *table.Store, opts Options, log *slog.Logger) *Server {
-	s := &Server{store: store, opts: opts.withDefaults(), log: log, reg: newRegistry()}
+	s := &Server{store: store, opts: opts.withDefaults(), log: log}
+	s.reg = newRegistry(func(node string) bool {
+		w := store.Current()
+		return w != nil && w.Known(node)
+	})
 	s.stopping, s.shutdown = context.WithCancelCause(context.Background())
 	return s
 }
@@ -60,9 +64,24 @@ func (s *Server) streamContext(ctx context.Context) (context.Context, context.Ca
 }
 
 // GRPCOptions returns the grpc.ServerOptions the server relies on: the
-// codec that sends pre-encoded tables. Pass them to grpc.NewServer.
+// codec that sends pre-encoded tables, and a transport sized for thousands
+// of agents that each send a few bytes per change. Pass them to
+// grpc.NewServer.
 func GRPCOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodecV2(newCodec())}
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(newCodec()),
+		// Static receive windows turn off grpc-go's bandwidth estimation,
+		// which otherwise answers every ACK (a burst of received data) with
+		// a BDP ping: one more write and read per agent per change. Agents
+		// send ACKs, keepalives and one hello; 1 MiB takes a hello of
+		// 25,000 entry hashes in one window.
+		grpc.StaticStreamWindowSize(1 << 20),
+		grpc.StaticConnWindowSize(1 << 20),
+		// Per-connection read buffers are 32 KiB by default and stay
+		// allocated on connections grpc-go cannot pool them for (TLS):
+		// 160 MB at 5,000 agents for messages of a few dozen bytes.
+		grpc.ReadBufferSize(8 << 10),
+	}
 }
 
 // Register registers the TableService on r.
@@ -77,7 +96,7 @@ func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.Lis
 	if err != nil {
 		return nil, err
 	}
-	return &pb.ListNodesResponse{Nodes: s.reg.list(w.Known, w.NodeNames())}, nil
+	return &pb.ListNodesResponse{Nodes: s.reg.list(w.NodeNames())}, nil
 }
 
 // ListEvents implements TableService. Like ListNodes it waits for the
@@ -175,6 +194,26 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 func lengthPrefix(b []byte, num protowire.Number, n int) []byte {
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendVarint(b, uint64(n))
+}
+
+// maxCapabilityLen bounds each string an agent reports about itself: the
+// registry keeps them while the agent is connected.
+const maxCapabilityLen = 128
+
+// validHello checks what a hello may carry before anything is kept of it.
+func validHello(h *pb.Hello) error {
+	if err := validNodeName(h.GetNodeName()); err != nil {
+		return err
+	}
+	c := h.GetCapabilities()
+	for _, f := range []struct{ name, value string }{
+		{"dataplane", c.GetDataplane()}, {"agent_version", c.GetAgentVersion()},
+	} {
+		if len(f.value) > maxCapabilityLen {
+			return fmt.Errorf("%w: capabilities.%s is %d bytes, more than %d", errInvalid, f.name, len(f.value), maxCapabilityLen)
+		}
+	}
+	return nil
 }
 
 func validNodeName(name string) error {

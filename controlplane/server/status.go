@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -14,26 +15,56 @@ import (
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
+// maxNackError bounds the NACK detail kept per node: an agent's error text
+// is its own to choose, and the registry must not grow with it.
+const maxNackError = 1024
+
 // registry holds each node's sync status on this replica, and the stream
-// currently serving each node.
+// currently serving each node. Streams record into their own streamStatus;
+// the registry's lock is taken only when a stream starts or ends and when
+// ListNodes reads, never per table sent or acknowledged.
 type registry struct {
+	known func(node string) bool // whether a Node object exists
+
 	mu    sync.Mutex            // guards nodes
-	nodes map[string]*nodeEntry // by node name; kept after disconnect
+	nodes map[string]*nodeEntry // connected nodes, and known ones that were
 }
 
+// nodeEntry is what the registry keeps of a node: its stream while one is
+// connected, and afterwards only fixed-size results, so that a node that
+// is gone costs nothing and a disconnected one little.
 type nodeEntry struct {
-	status *pb.NodeStatus
 	stream *streamStatus // the connected stream, or nil
+	last   syncResult    // as of the last stream's end
 }
 
-// streamStatus is one stream's handle on its node's entry.
+// syncResult is what a stream learned of its node's agent.
+type syncResult struct {
+	sentVersion, ackedVersion, nackedVersion uint64
+	sent, acked, nacked                      bool
+	sentNonce                                uint64
+	ackedAt                                  time.Time
+	nackError                                string
+	bytesSent                                uint64
+}
+
+// streamStatus is one stream's status. Its stream goroutine writes it and
+// ListNodes reads it.
 type streamStatus struct {
-	r      *registry
-	node   string
-	cancel context.CancelCauseFunc
+	r           *registry
+	node        string
+	cancel      context.CancelCauseFunc
+	caps        *pb.Capabilities
+	peer        string
+	connectedAt time.Time
+
+	mu  sync.Mutex // guards res
+	res syncResult
 }
 
-func newRegistry() *registry { return &registry{nodes: map[string]*nodeEntry{}} }
+func newRegistry(known func(string) bool) *registry {
+	return &registry{known: known, nodes: map[string]*nodeEntry{}}
+}
 
 // attach makes a new stream the one serving node. An older stream for the
 // same node is cancelled: an agent reconnecting has given up on it, and it
@@ -47,75 +78,87 @@ func (r *registry) attach(node, peer string, caps *pb.Capabilities, cancel conte
 		r.nodes[node] = e
 	}
 	if e.stream != nil {
+		e.last = e.stream.result()
 		e.stream.cancel(errReplaced)
 	} else {
 		metrics.NodesConnected.Inc()
 	}
-	s := &streamStatus{r: r, node: node, cancel: cancel}
+	s := &streamStatus{r: r, node: node, cancel: cancel, caps: caps, peer: peer, connectedAt: time.Now()}
+	// The last NACK stays visible across reconnects.
+	s.res.nackedVersion, s.res.nacked, s.res.nackError = e.last.nackedVersion, e.last.nacked, e.last.nackError
 	e.stream = s
-	e.status = &pb.NodeStatus{
-		NodeName: node, Connected: true, Capabilities: caps, Peer: peer,
-		ConnectedAt: timestamppb.Now(),
-		// The last NACK stays visible across reconnects.
-		NackedVersion: e.status.GetNackedVersion(), NackError: e.status.GetNackError(),
-	}
 	return s
 }
 
-// update applies f to the node's status if s still serves the node.
-func (s *streamStatus) update(f func(*pb.NodeStatus)) {
-	s.r.mu.Lock()
-	defer s.r.mu.Unlock()
-	if e := s.r.nodes[s.node]; e != nil && e.stream == s {
-		f(e.status)
-	}
-}
-
-func (s *streamStatus) sent(version uint64, nonce string, bytes int) {
-	s.update(func(st *pb.NodeStatus) {
-		st.SentVersion, st.SentNonce = compute.FormatVersion(version), nonce
-		st.BytesSent += uint64(bytes)
-	})
+func (s *streamStatus) sent(version, nonce uint64, bytes int) {
+	s.mu.Lock()
+	s.res.sentVersion, s.res.sent, s.res.sentNonce = version, true, nonce
+	s.res.bytesSent += uint64(bytes)
+	s.mu.Unlock()
 }
 
 func (s *streamStatus) acked(version uint64) {
-	s.update(func(st *pb.NodeStatus) {
-		st.AckedVersion, st.AckedAt = compute.FormatVersion(version), timestamppb.Now()
-	})
+	now := time.Now()
+	s.mu.Lock()
+	s.res.ackedVersion, s.res.acked, s.res.ackedAt = version, true, now
+	s.mu.Unlock()
 }
 
 func (s *streamStatus) nacked(version uint64, detail string) {
-	s.update(func(st *pb.NodeStatus) {
-		st.NackedVersion, st.NackError = compute.FormatVersion(version), detail
-	})
+	if len(detail) > maxNackError {
+		detail = strings.ToValidUTF8(detail[:maxNackError], "") + "…"
+	}
+	s.mu.Lock()
+	s.res.nackedVersion, s.res.nacked, s.res.nackError = version, true, detail
+	s.mu.Unlock()
 }
 
-// detach marks the node disconnected if s still serves it.
+func (s *streamStatus) result() syncResult {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.res
+}
+
+// detach marks the node disconnected if s still serves it. What the agent
+// sent (capabilities, peer) is dropped; a node without a Node object is
+// forgotten altogether, so names invented in hellos leave nothing behind.
 func (s *streamStatus) detach() {
 	s.r.mu.Lock()
 	defer s.r.mu.Unlock()
-	if e := s.r.nodes[s.node]; e != nil && e.stream == s {
-		e.stream = nil
-		e.status.Connected = false
-		metrics.NodesConnected.Dec()
+	e := s.r.nodes[s.node]
+	if e == nil || e.stream != s {
+		return
 	}
+	metrics.NodesConnected.Dec()
+	e.stream = nil
+	if !s.r.known(s.node) {
+		delete(s.r.nodes, s.node)
+		return
+	}
+	e.last = s.result()
+	e.last.bytesSent = 0 // counts the current stream only
 }
 
 // list returns the status of every known node and every connected one,
-// sorted by name, and forgets the rest.
-func (r *registry) list(known func(string) bool, names []string) []*pb.NodeStatus {
+// sorted by name, and forgets disconnected nodes that are gone.
+func (r *registry) list(names []string) []*pb.NodeStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*pb.NodeStatus, 0, len(names)+len(r.nodes))
 	for name, e := range r.nodes {
-		if e.stream == nil && !known(name) {
-			// Gone from the cluster and disconnected: forget it, or the
-			// registry grows with every name that ever said hello.
+		known := r.known(name)
+		if e.stream == nil && !known {
 			delete(r.nodes, name)
 			continue
 		}
-		st := proto.CloneOf(e.status)
-		st.Known = known(name)
+		st := &pb.NodeStatus{NodeName: name, Known: known}
+		res := e.last
+		if s := e.stream; s != nil {
+			st.Connected, st.Peer, st.ConnectedAt = true, s.peer, timestamppb.New(s.connectedAt)
+			st.Capabilities = proto.CloneOf(s.caps)
+			res = s.result()
+		}
+		res.fill(st)
 		out = append(out, st)
 	}
 	for _, name := range names {
@@ -125,4 +168,21 @@ func (r *registry) list(known func(string) bool, names []string) []*pb.NodeStatu
 	}
 	slices.SortFunc(out, func(a, b *pb.NodeStatus) int { return strings.Compare(a.NodeName, b.NodeName) })
 	return out
+}
+
+func (res syncResult) fill(st *pb.NodeStatus) {
+	if res.sent {
+		st.SentVersion = compute.FormatVersion(res.sentVersion)
+		st.SentNonce = formatNonce(res.sentNonce)
+	}
+	if res.acked {
+		st.AckedVersion = compute.FormatVersion(res.ackedVersion)
+		if !res.ackedAt.IsZero() {
+			st.AckedAt = timestamppb.New(res.ackedAt)
+		}
+	}
+	if res.nacked {
+		st.NackedVersion, st.NackError = compute.FormatVersion(res.nackedVersion), res.nackError
+	}
+	st.BytesSent = res.bytesSent
 }

@@ -119,10 +119,13 @@ type syncSession struct {
 	cur      *table.Cursor
 	st       *streamStatus
 	out      *sender
-	nonces   uint64
-	nonce    string      // of the response in flight, or ""
+	nonce    uint64      // of the last response sent; 0 before the first
+	awaiting bool        // the response with nonce awaits an answer
 	ackTimer *time.Timer // runs while a response is in flight
 }
+
+// formatNonce renders a nonce as it goes on the wire.
+func formatNonce(n uint64) string { return strconv.FormatUint(n, 10) }
 
 // sendNext sends the cursor's next response, if any.
 func (ss *syncSession) sendNext(ctx context.Context) error {
@@ -130,14 +133,14 @@ func (ss *syncSession) sendNext(ctx context.Context) error {
 	if r == nil {
 		return nil
 	}
-	ss.nonces++
-	ss.nonce = strconv.FormatUint(ss.nonces, 10)
+	ss.nonce++
+	ss.awaiting = true
 	head := protowire.AppendTag(nil, 1, protowire.BytesType) // SyncResponse.nonce
-	head = protowire.AppendString(head, ss.nonce)
-	kind := "delta"
+	head = protowire.AppendString(head, formatNonce(ss.nonce))
+	sent, bytes := metrics.DeltasSent, metrics.DeltaBytesSent
 	field := protowire.Number(3) // SyncResponse.delta
 	if r.Snapshot {
-		kind, field = "snapshot", 2 // SyncResponse.snapshot
+		sent, bytes, field = metrics.SnapshotsSent, metrics.SnapshotBytesSent, 2 // SyncResponse.snapshot
 	}
 	f := &frame{head: lengthPrefix(head, field, r.Body.Len()), body: r.Body}
 	// r is in flight from here: the stream's exit decrements for it.
@@ -145,8 +148,8 @@ func (ss *syncSession) sendNext(ctx context.Context) error {
 	if err := ss.out.send(ctx, f); err != nil {
 		return err
 	}
-	metrics.ResponsesTotal.WithLabelValues(kind).Inc()
-	metrics.SentBytesTotal.WithLabelValues(kind).Add(float64(f.size()))
+	sent.Inc()
+	bytes.Add(float64(f.size()))
 	if r.LagReset {
 		metrics.LagResetsTotal.Inc()
 	}
@@ -195,8 +198,12 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 // records it in the cursor with record (Cursor.Ack or Cursor.Nack), and
 // ends the wait. Nothing changes unless all of it succeeds.
 func (ss *syncSession) settle(version, nonce string, record func(uint64) error) (uint64, error) {
-	if ss.nonce == "" || nonce != ss.nonce {
-		return 0, fmt.Errorf("%w: answer for nonce %q, but %q is in flight", errInvalid, nonce, ss.nonce)
+	if !ss.awaiting || nonce != formatNonce(ss.nonce) {
+		inflight := "none"
+		if ss.awaiting {
+			inflight = strconv.Quote(formatNonce(ss.nonce))
+		}
+		return 0, fmt.Errorf("%w: answer for nonce %q, but %s is in flight", errInvalid, nonce, inflight)
 	}
 	v, err := compute.ParseVersion(version)
 	if err != nil {
@@ -205,7 +212,7 @@ func (ss *syncSession) settle(version, nonce string, record func(uint64) error) 
 	if err := record(v); err != nil {
 		return 0, fmt.Errorf("%w: %w", errInvalid, err)
 	}
-	ss.nonce = ""
+	ss.awaiting = false
 	ss.ackTimer.Stop()
 	ss.ackTimer = nil
 	metrics.VersionsPendingAck.Dec()
@@ -235,7 +242,7 @@ func (s *Server) awaitHello(ctx context.Context, in <-chan *pb.SyncRequest, recv
 		if h == nil {
 			return nil, fmt.Errorf("%w: the first message must be a hello", errInvalid)
 		}
-		return h, validNodeName(h.GetNodeName())
+		return h, validHello(h)
 	case err := <-recvErr:
 		return nil, err
 	case <-t.C:
