@@ -35,6 +35,12 @@ type Options struct {
 	// Events, when set, supplies what ListEvents reports; without it
 	// ListEvents reports no events.
 	Events EventSource
+	// AdmissionRate bounds how many Sync streams per second start being
+	// served; AdmissionBurst is how many may start at once. Streams over
+	// the rate wait their turn (they are not refused), so a reconnect of
+	// every agent after a restart is spread out instead of stampeding.
+	AdmissionRate  float64
+	AdmissionBurst int
 }
 
 // EventSource supplies the events about invalid Services and
@@ -60,6 +66,13 @@ const (
 	// DefaultAckTimeout: a full iptables restore of 10k services takes
 	// about 5 s here; this leaves a wide margin for a loaded node.
 	DefaultAckTimeout = 5 * time.Minute
+	// DefaultAdmissionRate lets 5,000 agents back in within 5 s of a
+	// restart, while a stream start (TLS, token review, first response)
+	// costs about a millisecond of CPU: a stampede takes at most half of
+	// a 2-core replica.
+	DefaultAdmissionRate = 1000
+	// DefaultAdmissionBurst admits a small cluster's agents at once.
+	DefaultAdmissionBurst = 100
 )
 
 func (o Options) withDefaults() Options {
@@ -74,6 +87,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.AckTimeout <= 0 {
 		o.AckTimeout = DefaultAckTimeout
+	}
+	if o.AdmissionRate <= 0 {
+		o.AdmissionRate = DefaultAdmissionRate
+	}
+	if o.AdmissionBurst <= 0 {
+		o.AdmissionBurst = DefaultAdmissionBurst
 	}
 	return o
 }

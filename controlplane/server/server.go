@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -34,6 +35,7 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 	reg   *registry
+	admit *rate.Limiter // paces the start of Sync streams
 	// stopping ends every stream when Shutdown cancels it.
 	stopping context.Context
 	shutdown context.CancelCauseFunc
@@ -42,6 +44,7 @@ type Server struct {
 // New returns a server of store's tables.
 func New(store *table.Store, opts Options, log *slog.Logger) *Server {
 	s := &Server{store: store, opts: opts.withDefaults(), log: log}
+	s.admit = rate.NewLimiter(rate.Limit(s.opts.AdmissionRate), s.opts.AdmissionBurst)
 	s.reg = newRegistry(func(node string) bool {
 		w := store.Current()
 		return w != nil && w.Known(node)

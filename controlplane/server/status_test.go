@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -78,5 +79,35 @@ func TestNackErrorBounded(t *testing.T) {
 	got := nodeStatus(t, client, "node-1").GetNackError()
 	if len(got) > maxNackError+len("…") || !strings.HasSuffix(got, "…") {
 		t.Errorf("NACK error kept: %d bytes, want at most %d ending in an ellipsis", len(got), maxNackError+len("…"))
+	}
+}
+
+// TestAdmissionQueuesStreams checks that streams past the admission burst
+// wait their turn instead of being served at once or refused.
+func TestAdmissionQueuesStreams(t *testing.T) {
+	store := cluster(t)
+	// One turn an hour after the burst: the third stream must wait.
+	client, _, _ := newTestServer(t, store, Options{AdmissionRate: 1.0 / 3600, AdmissionBurst: 2})
+	first := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	second := connect(t, client, &pb.Hello{NodeName: "node-2"})
+	first.ack(first.recv())
+	second.ack(second.recv())
+	third := connect(t, client, &pb.Hello{NodeName: "node-3"})
+	got := make(chan error, 1)
+	go func() {
+		_, err := third.stream.Recv()
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("third stream answered (%v) past the admission burst; want it waiting", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if st := nodeStatus(t, client, "node-3"); st.GetConnected() {
+		t.Errorf("waiting stream already registered: %v", st)
+	}
+	third.close()
+	if err := <-got; status.Code(err) != codes.Canceled {
+		t.Errorf("waiting stream ended with %v after its agent gave up, want Canceled", err)
 	}
 }

@@ -49,6 +49,12 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	if _, err := s.world(ctx); err != nil {
 		return err
 	}
+	// Admission comes after authorization, so that unauthenticated
+	// clients cannot use up the turns of real agents.
+	if err := s.admit.Wait(ctx); err != nil {
+		metrics.StreamsClosedTotal.WithLabelValues("admission").Inc()
+		return status.FromContextError(err).Err()
+	}
 	sub := s.store.Subscribe()
 	defer sub.Close()
 	w, _ := sub.Take()
