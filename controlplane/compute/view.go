@@ -150,9 +150,9 @@ func (s *Service) EntryFor(n *Node) Entry {
 	if !s.Special(n.Name) {
 		return s.ZoneEntry(n.Zone)
 	}
-	c := class{node: n.Name}
-	if !s.Special(n.Name) {
-		c.node = ""
+	c := class{}
+	if s.hintedNodes[n.Name] {
+		c.node = n.Name
 	}
 	if s.hintedZones[n.Zone] {
 		c.zone = n.Zone
