@@ -76,6 +76,11 @@ type Options struct {
 	// Config sets keys of deploy/config.env in the overlay, over the box's
 	// own (CONTROL_PLANE_ADDRESSES and IPTABLES_BACKEND=nft).
 	Config map[string]string
+	// Insecure runs the control planes and agents with --insecure
+	// (plaintext, no tokens) and the box's clients in plaintext: only to
+	// measure what authentication costs. Otherwise everything runs with
+	// TLS and tokens, as deploy/ does.
+	Insecure bool
 }
 
 // TB is what the box needs of a test: nstest's TB. A program that builds
@@ -107,11 +112,19 @@ type Box struct {
 	// Agents are the node agents, by node index.
 	Agents []*Agent
 
-	zones    map[string]string // by node name
-	grpcurl  string
-	closeMu  sync.Mutex // guards closed
-	closed   bool
-	binaries struct{ controlplane, nodeagent string }
+	zones   map[string]string // by node name
+	grpcurl string
+	// caFile, serverName, debugToken and debugTokenFile are what the box's
+	// own clients authenticate with (Credentials).
+	caFile, serverName         string
+	debugToken, debugTokenFile string
+	// kubelet writes the agents' tokens and CA bundle; stopKubelet ends
+	// its goroutine and waits for it.
+	kubelet     *kubelet
+	stopKubelet func()
+	closeMu     sync.Mutex // guards closed
+	closed      bool
+	binaries    struct{ controlplane, nodeagent string }
 }
 
 // FindBinDir returns the directory holding the box's binaries:
@@ -276,6 +289,14 @@ func (b *Box) start(ctx context.Context) error {
 	if err := b.waitGrant(ctx); err != nil {
 		return err
 	}
+	b.caFile = filepath.Join(b.dir, "ca.crt")
+	b.debugTokenFile = filepath.Join(b.dir, "debug.token")
+	b.serverName = "proxyplane-controlplane." + b.deploy.Namespace + ".svc"
+	if !b.opts.Insecure {
+		if err := b.setUpDebugIdentity(ctx); err != nil {
+			return err
+		}
+	}
 	if _, err := b.admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating namespace %s: %w", Namespace, err)
 	}
@@ -295,11 +316,20 @@ func (b *Box) start(ctx context.Context) error {
 		// pflag keeps the last value of a repeated flag.
 		argv = append(argv, "--kubeconfig="+cpKubeconfig,
 			"--grpc-address=:"+strconv.Itoa(grpcPort), "--metrics-address=:"+strconv.Itoa(grpcPort+1))
+		// The box polls ListNodes and WatchTable from host-0's loopback
+		// many times a second (every wait in the box does), far above the
+		// per-address limit sized for an operator's grpcurl and an
+		// agent's reconnects, so it lifts that limit; the control plane's
+		// own tests cover it.
+		argv = append(argv, "--peer-rate=0")
+		if b.opts.Insecure {
+			argv = append(argv, "--insecure")
+		}
 		name := "controlplane-" + strconv.Itoa(i)
 		b.ControlPlanes = append(b.ControlPlanes, &ControlPlane{
-			Process: newProcess(name, host, filepath.Join(b.dir, "logs", name+".log"), argv),
+			Process: newProcess(name, host, filepath.Join(b.dir, "logs", name+".log"), argv, b.deploy.ControlplaneEnv),
 			Index:   i, GRPCPort: grpcPort, MetricsPort: grpcPort + 1,
-			tp: b.tp, ns: host, ip: b.tp.HostIP(0).String(),
+			tp: b.tp, ns: host, ip: b.tp.HostIP(0).String(), creds: b.Credentials,
 		})
 	}
 	if err := b.StartControlPlanes(ctx); err != nil {
@@ -313,18 +343,47 @@ func (b *Box) start(ctx context.Context) error {
 	for k := range b.tp.Nodes() {
 		n := b.tp.Node(k)
 		stateDir := filepath.Join(b.dir, "agents", n.Name())
-		argv := []string{b.binaries.nodeagent}
-		for _, a := range b.deploy.NodeagentArgs {
-			argv = append(argv, strings.ReplaceAll(a, "$(NODE_NAME)", n.Name()))
+		mounts := filepath.Join(b.dir, "mounts", n.Name())
+		a := &Agent{
+			Node: n, StateDir: stateDir, tp: b.tp,
+			TokenFile: hostPath(mounts, b.deploy.AgentMounts.TokenPath),
+			CAFile:    hostPath(mounts, b.deploy.AgentMounts.CAPath),
 		}
-		// The DaemonSet's hostPath, per node here since the nodes share
-		// this machine's filesystem.
+		argv := []string{b.binaries.nodeagent}
+		for _, arg := range b.deploy.NodeagentArgs {
+			argv = append(argv, strings.ReplaceAll(arg, "$(NODE_NAME)", n.Name()))
+		}
+		// The DaemonSet's hostPath and volumes, per node here since the
+		// nodes share this machine's filesystem.
 		argv = append(argv, "--state-dir="+stateDir)
+		if b.opts.Insecure {
+			argv = append(argv, "--insecure")
+		} else {
+			argv = append(argv, "--token-file="+a.TokenFile, "--ca-file="+a.CAFile)
+			// The pod the DaemonSet controller would create, so that the
+			// token is bound to it and names its node.
+			if a.Pod, err = b.CreateAgentPod(ctx, nodeagentDaemonSet+"-"+n.Name(), n.Name()); err != nil {
+				return err
+			}
+		}
+		var env []string
+		for _, e := range b.deploy.NodeagentEnv {
+			env = append(env, strings.ReplaceAll(e, "$(NODE_NAME)", n.Name()))
+		}
 		name := "nodeagent-" + n.Name()
-		b.Agents = append(b.Agents, &Agent{
-			Process: newProcess(name, n.NS(), filepath.Join(b.dir, "logs", name+".log"), argv),
-			Node:    n, StateDir: stateDir, tp: b.tp,
-		})
+		a.Process = newProcess(name, n.NS(), filepath.Join(b.dir, "logs", name+".log"), argv, env)
+		b.Agents = append(b.Agents, a)
+	}
+	if !b.opts.Insecure {
+		b.kubelet = &kubelet{b: b, renew: map[string]time.Time{}, written: map[string]string{}, held: map[string]bool{}}
+		// The replicas publish the bundle as they become ready.
+		if err := b.waitCA(ctx); err != nil {
+			return err
+		}
+		kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); b.kubelet.run(kctx) }()
+		b.stopKubelet = func() { cancel(); <-done }
 	}
 	for _, a := range b.Agents {
 		if err := a.Start(); err != nil {
@@ -551,6 +610,9 @@ func (b *Box) Close(ctx context.Context) error {
 	if failed {
 		b.logTails()
 	}
+	if b.stopKubelet != nil {
+		b.stopKubelet()
+	}
 	var errs []error
 	for _, a := range b.Agents {
 		errs = append(errs, a.Stop(ctx))
@@ -590,4 +652,32 @@ func (b *Box) logTails() {
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return !errors.Is(err, fs.ErrNotExist)
+}
+
+// StartExtraControlPlane starts one more replica, name, on port (gRPC;
+// metrics on port+1) in host-0, with the Deployment's arguments and args
+// after them, and waits until it is ready. No agent lists its address and
+// the box's waits ignore it, so a scenario can open streams to it for any
+// node without displacing that node's agent. It is stopped with the box.
+func (b *Box) StartExtraControlPlane(ctx context.Context, name string, port int, args ...string) (*ControlPlane, error) {
+	argv := append([]string{b.binaries.controlplane}, b.deploy.ControlplaneArgs...)
+	argv = append(argv, "--kubeconfig="+filepath.Join(b.dir, "controlplane.kubeconfig"),
+		"--grpc-address=:"+strconv.Itoa(port), "--metrics-address=:"+strconv.Itoa(port+1), "--peer-rate=0")
+	argv = append(argv, args...)
+	c := &ControlPlane{
+		Process: newProcess(name, b.HostNS(), filepath.Join(b.dir, "logs", name+".log"), argv, b.deploy.ControlplaneEnv),
+		Index:   -1, GRPCPort: port, MetricsPort: port + 1,
+		tp: b.tp, ns: b.HostNS(), ip: b.tp.HostIP(0).String(), creds: b.Credentials,
+	}
+	b.tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := c.Stop(ctx); err != nil {
+			b.tb.Errorf("stopping %s: %v", name, err)
+		}
+	})
+	if err := c.StartReady(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
 }

@@ -60,14 +60,48 @@ type Deployment struct {
 	// ConfigMap and the downward API; "$(NODE_NAME)" stays for the agent,
 	// which the box fills per node.
 	ControlplaneArgs, NodeagentArgs []string
+	// ControlplaneEnv and NodeagentEnv are the containers' environments
+	// as NAME=value, resolved the same way; variables the box cannot
+	// resolve outside a pod (resource limits, status.hostIP) are left out.
+	ControlplaneEnv, NodeagentEnv []string
 	// ServiceAccount is the control plane Deployment's ServiceAccount,
 	// as namespace and name.
 	ServiceAccount types.NamespacedName
+	// Namespace is the workloads' namespace.
+	Namespace string
+	// AgentPod is the DaemonSet's pod template, from which the box makes
+	// each node's Pod object, as the DaemonSet controller would.
+	AgentPod corev1.PodTemplateSpec
+	// AgentMounts are where the agent's pod gets its token and CA bundle.
+	AgentMounts AgentMounts
 }
 
-// FindDeployDir returns deploy/ of the repository: the nearest directory
-// named deploy holding a kustomization.yaml above the working directory.
+// AgentMounts are the agent's projected token and CA bundle as the
+// DaemonSet declares them: what the kubelet would write, and where in the
+// container.
+type AgentMounts struct {
+	// TokenPath is the token's path in the container.
+	TokenPath string
+	// TokenAudience and TokenExpirationSeconds are the projected token's.
+	TokenAudience          string
+	TokenExpirationSeconds int64
+	// CAPath is the bundle's path in the container.
+	CAPath string
+	// CAConfigMap and CAKey name the ConfigMap and key mounted there.
+	CAConfigMap, CAKey string
+}
+
+// DeployDirEnv names the environment variable that overrides which
+// kustomize base the box renders (an overlay under test, say).
+const DeployDirEnv = "E2E_DEPLOY_DIR"
+
+// FindDeployDir returns $E2E_DEPLOY_DIR if set, otherwise deploy/ of the
+// repository: the nearest directory named deploy holding a
+// kustomization.yaml above the working directory.
 func FindDeployDir() (string, error) {
+	if d := os.Getenv(DeployDirEnv); d != "" {
+		return d, nil
+	}
 	return findUp(func(dir string) (string, bool) {
 		p := filepath.Join(dir, "deploy")
 		_, err := os.Stat(filepath.Join(p, "kustomization.yaml"))
@@ -186,19 +220,77 @@ func (d *Deployment) workloadArgs() error {
 		return errors.New("the control plane and agent pods must have one container each")
 	}
 	var err error
-	if d.ControlplaneArgs, err = expandArgs(dep.Spec.Template.Spec.Containers[0], cm, nil); err != nil {
+	d.Namespace = ds.Namespace
+	fields := func(ns, sa string) map[string]string {
+		return map[string]string{"metadata.namespace": ns, "spec.serviceAccountName": sa}
+	}
+	if d.ControlplaneArgs, d.ControlplaneEnv, err = expandArgs(dep.Spec.Template.Spec.Containers[0], cm, fields(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)); err != nil {
 		return fmt.Errorf("Deployment %s: %w", dep.Name, err)
 	}
 	// The agent's node name comes from spec.nodeName; the box fills it in
 	// per node.
-	if d.NodeagentArgs, err = expandArgs(ds.Spec.Template.Spec.Containers[0], cm, map[string]string{"spec.nodeName": "$(NODE_NAME)"}); err != nil {
+	agentFields := fields(ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
+	agentFields["spec.nodeName"] = "$(NODE_NAME)"
+	if d.NodeagentArgs, d.NodeagentEnv, err = expandArgs(ds.Spec.Template.Spec.Containers[0], cm, agentFields); err != nil {
 		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
 	}
 	d.ServiceAccount = types.NamespacedName{Namespace: dep.Namespace, Name: dep.Spec.Template.Spec.ServiceAccountName}
 	if d.ServiceAccount.Name == "" {
 		return fmt.Errorf("Deployment %s names no ServiceAccount", dep.Name)
 	}
+	d.AgentPod = ds.Spec.Template
+	if d.AgentMounts, err = agentMounts(ds.Spec.Template.Spec); err != nil {
+		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
+	}
+	// The flags must name the files the volumes put there, or the agent
+	// would wait for credentials forever.
+	for _, f := range []struct{ flag, path string }{{"--ca-file", d.AgentMounts.CAPath}, {"--token-file", d.AgentMounts.TokenPath}} {
+		for _, a := range d.NodeagentArgs {
+			if v, ok := strings.CutPrefix(a, f.flag+"="); ok && v != f.path {
+				return fmt.Errorf("DaemonSet %s: %s=%s, but the volume is mounted at %s", ds.Name, f.flag, v, f.path)
+			}
+		}
+	}
 	return nil
+}
+
+// agentMounts finds the agent's projected ServiceAccount token and its
+// ConfigMap CA bundle in its pod spec: the box plays the kubelet for
+// both, so it writes what the manifest asks for, where it asks.
+func agentMounts(spec corev1.PodSpec) (AgentMounts, error) {
+	var m AgentMounts
+	c := spec.Containers[0]
+	mountOf := func(volume string) (string, bool) {
+		for _, vm := range c.VolumeMounts {
+			if vm.Name == volume {
+				return vm.MountPath, true
+			}
+		}
+		return "", false
+	}
+	for _, v := range spec.Volumes {
+		dir, mounted := mountOf(v.Name)
+		switch {
+		case !mounted:
+		case v.Projected != nil:
+			for _, src := range v.Projected.Sources {
+				if t := src.ServiceAccountToken; t != nil {
+					m.TokenPath = filepath.Join(dir, t.Path)
+					m.TokenAudience = t.Audience
+					m.TokenExpirationSeconds = ptr.Deref(t.ExpirationSeconds, 3600)
+				}
+			}
+		case v.ConfigMap != nil:
+			m.CAConfigMap = v.ConfigMap.Name
+			for _, it := range v.ConfigMap.Items {
+				m.CAKey, m.CAPath = it.Key, filepath.Join(dir, it.Path)
+			}
+		}
+	}
+	if m.TokenPath == "" || m.CAPath == "" {
+		return m, fmt.Errorf("the agent mounts no projected ServiceAccount token or no ConfigMap CA bundle (found %+v)", m)
+	}
+	return m, nil
 }
 
 func fromUnstructured(u *unstructured.Unstructured, into any) error {
@@ -217,12 +309,13 @@ var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
 // expandArgs expands $(VAR) in c's args from its env, resolving
 // configMapKeyRef against cm and fieldRef against fields, as the kubelet
-// does. Unlike the kubelet, which leaves an unknown reference as it is, a
-// reference to a variable that cannot be resolved is an error: in a
-// manifest under test it is a bug. A configMapKeyRef to another ConfigMap
-// is one too, since kustomize should have rewritten it to the generated
-// name.
-func expandArgs(c corev1.Container, cm *corev1.ConfigMap, fields map[string]string) ([]string, error) {
+// does, and returns the args and the resolved environment (NAME=value, in
+// the container's order). Unlike the kubelet, which leaves an unknown
+// reference as it is, a reference to a variable that cannot be resolved
+// is an error: in a manifest under test it is a bug. A configMapKeyRef to
+// another ConfigMap is one too, since kustomize should have rewritten it
+// to the generated name.
+func expandArgs(c corev1.Container, cm *corev1.ConfigMap, fields map[string]string) ([]string, []string, error) {
 	env := map[string]string{}
 	unresolved := map[string]string{}
 	for _, e := range c.Env {
@@ -237,11 +330,11 @@ func expandArgs(c corev1.Container, cm *corev1.ConfigMap, fields map[string]stri
 		case e.ValueFrom.ConfigMapKeyRef != nil:
 			ref := e.ValueFrom.ConfigMapKeyRef
 			if ref.Name != cm.Name {
-				return nil, fmt.Errorf("env %s reads ConfigMap %q, not the generated %q", e.Name, ref.Name, cm.Name)
+				return nil, nil, fmt.Errorf("env %s reads ConfigMap %q, not the generated %q", e.Name, ref.Name, cm.Name)
 			}
 			v, ok := cm.Data[ref.Key]
 			if !ok && !ptr.Deref(ref.Optional, false) {
-				return nil, fmt.Errorf("env %s reads key %q, absent from ConfigMap %s", e.Name, ref.Key, cm.Name)
+				return nil, nil, fmt.Errorf("env %s reads key %q, absent from ConfigMap %s", e.Name, ref.Key, cm.Name)
 			}
 			env[e.Name] = v
 		case e.ValueFrom.FieldRef != nil:
@@ -271,11 +364,17 @@ func expandArgs(c corev1.Container, cm *corev1.ConfigMap, fields map[string]stri
 			return m
 		})
 		if len(missing) > 0 {
-			return nil, fmt.Errorf("arg %q: cannot expand %s", a, strings.Join(missing, ", "))
+			return nil, nil, fmt.Errorf("arg %q: cannot expand %s", a, strings.Join(missing, ", "))
 		}
 		args = append(args, a)
 	}
-	return args, nil
+	var environ []string
+	for _, e := range c.Env {
+		if v, ok := env[e.Name]; ok {
+			environ = append(environ, e.Name+"="+v)
+		}
+	}
+	return args, environ, nil
 }
 
 // apply server-side applies every rendered object as FieldManager, with

@@ -34,6 +34,9 @@ func TestRenderDeploy(t *testing.T) {
 		"--iptables-backend=nft",
 		"--proxy-mode=iptables",
 		"--metrics-bind-address=127.0.0.1:10249",
+		"--tls-server-name=proxyplane-controlplane.proxyplane-system.svc",
+		"--ca-file=/var/run/proxyplane/ca/ca.crt",
+		"--token-file=/var/run/secrets/proxyplane/token",
 	} {
 		if !slices.Contains(d.NodeagentArgs, want) {
 			t.Errorf("agent args lack %q: %q", want, d.NodeagentArgs)
@@ -49,6 +52,16 @@ func TestRenderDeploy(t *testing.T) {
 	}
 	if d.ServiceAccount.Namespace != "proxyplane-system" || d.ServiceAccount.Name != "proxyplane-controlplane" {
 		t.Errorf("control plane ServiceAccount = %s, want proxyplane-system/proxyplane-controlplane", d.ServiceAccount)
+	}
+	if !slices.Contains(d.NodeagentEnv, "POD_NAMESPACE=proxyplane-system") || !slices.Contains(d.NodeagentEnv, "NODE_NAME=$(NODE_NAME)") {
+		t.Errorf("agent env %q lacks POD_NAMESPACE from metadata.namespace or NODE_NAME", d.NodeagentEnv)
+	}
+	want := AgentMounts{
+		TokenPath: "/var/run/secrets/proxyplane/token", TokenAudience: "proxyplane", TokenExpirationSeconds: 3600,
+		CAPath: "/var/run/proxyplane/ca/ca.crt", CAConfigMap: "proxyplane-ca", CAKey: "ca.crt",
+	}
+	if d.AgentMounts != want {
+		t.Errorf("agent mounts %+v, want %+v", d.AgentMounts, want)
 	}
 }
 
@@ -90,7 +103,7 @@ func TestExpandArgs(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := expandArgs(corev1.Container{Env: tc.env, Args: tc.args}, cm, map[string]string{"spec.nodeName": "node-0"})
+			got, _, err := expandArgs(corev1.Container{Env: tc.env, Args: tc.args}, cm, map[string]string{"spec.nodeName": "node-0"})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)

@@ -3,6 +3,8 @@ package box
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +17,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
@@ -35,6 +37,8 @@ type ControlPlane struct {
 	tp *nstest.Topology
 	ns string
 	ip string
+	// creds returns the box's client credentials, read at each dial.
+	creds func() ClientCredentials
 }
 
 // GRPCAddr returns the address agents dial: host-0's LAN address and the
@@ -45,20 +49,50 @@ func (c *ControlPlane) GRPCAddr() string { return net.JoinHostPort(c.ip, strconv
 // run inside host-0's namespace (grpcurl).
 func (c *ControlPlane) LocalGRPCAddr() string { return "127.0.0.1:" + strconv.Itoa(c.GRPCPort) }
 
-// dial opens a client connection to the replica from inside host-0. Each
-// caller gets its own connection and closes it: a shared one would sit in
-// gRPC's reconnect backoff (up to two minutes) after the replica was
-// killed, hiding its return.
-func (c *ControlPlane) dial() (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient("passthrough:///"+c.LocalGRPCAddr(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+// dial opens a client connection to the replica from inside host-0 with
+// the box's credentials. Each caller gets its own connection and closes
+// it: a shared one would sit in gRPC's reconnect backoff (up to two
+// minutes) after the replica was killed, hiding its return.
+func (c *ControlPlane) dial() (*grpc.ClientConn, error) { return c.Dial(c.creds()) }
+
+// Dial opens a client connection to the replica from inside host-0 with
+// creds; the caller closes it.
+func (c *ControlPlane) Dial(creds ClientCredentials) (*grpc.ClientConn, error) {
+	opts, err := creds.DialOptions()
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", c.Name(), err)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+c.LocalGRPCAddr(), append(opts,
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return dialIn(c.tp, c.ns)(ctx, "tcp", addr)
-		}))
+		}))...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", c.Name(), err)
 	}
 	return conn, nil
+}
+
+// ServingCertificate returns the certificate the replica presents now,
+// verified against the box's CA bundle: a TLS handshake from inside
+// host-0, nothing more.
+func (c *ControlPlane) ServingCertificate(ctx context.Context) (*x509.Certificate, error) {
+	creds := c.creds()
+	ca, err := os.ReadFile(creds.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	raw, err := dialIn(c.tp, c.ns)(ctx, "tcp", c.LocalGRPCAddr())
+	if err != nil {
+		return nil, err
+	}
+	conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: creds.ServerName, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
+	defer func() { _ = conn.Close() }()
+	if err := conn.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("TLS handshake with %s: %w", c.Name(), err)
+	}
+	return conn.ConnectionState().PeerCertificates[0], nil
 }
 
 // ListNodes calls the replica's ListNodes.
@@ -154,6 +188,12 @@ type Agent struct {
 	Node *nstest.Node
 	// StateDir is its --state-dir, holding the bbolt table cache.
 	StateDir string
+	// Pod is the Pod object its token is bound to (nil with
+	// Options.Insecure).
+	Pod *corev1.Pod
+	// TokenFile and CAFile are its --token-file and --ca-file, which the
+	// box writes as the kubelet would.
+	TokenFile, CAFile string
 
 	tp *nstest.Topology
 }

@@ -29,6 +29,7 @@ type Process struct {
 	name    string
 	ns      string
 	argv    []string
+	env     []string
 	logPath string
 
 	// mu guards cmd, exited and waitErr.
@@ -40,8 +41,11 @@ type Process struct {
 	waitErr error
 }
 
-func newProcess(name, ns, logPath string, argv []string) *Process {
-	return &Process{name: name, ns: ns, argv: argv, logPath: logPath}
+// newProcess returns a stopped process running argv in ns, with env
+// (NAME=value, the container's) added to the box's own environment,
+// whose PATH finds iptables and the like.
+func newProcess(name, ns, logPath string, argv, env []string) *Process {
+	return &Process{name: name, ns: ns, argv: argv, env: env, logPath: logPath}
 }
 
 // Name returns the process's name in the box, such as "controlplane-0" or
@@ -97,6 +101,7 @@ func (p *Process) Start() error {
 	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", p.ns}, p.argv...)...)
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.Env = append(os.Environ(), p.env...)
 	// The kernel kills the process if the test binary dies without its
 	// cleanups (a -timeout panic), so nothing outlives the run holding
 	// ports or rules. "ip netns exec" keeps the setting across its exec.

@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -19,13 +20,17 @@ func (e *env) testGRPCurl(t *testing.T) {
 	if bin == "" {
 		t.Skip("grpcurl is not built: run `make tools`, or `make e2e`")
 	}
+	// Every call carries the box's credentials, as README.md shows: the
+	// published CA bundle, the control plane's name and a token of an
+	// identity that may list EndpointSlices.
+	auth := b.GRPCurlArgs()
 	run := func(t *testing.T, args ...string) string {
 		t.Helper()
-		out, err := b.Topology().Exec(b.HostNS(), bin, append([]string{"-plaintext"}, args...)...)
+		out, err := b.Topology().Exec(b.HostNS(), bin, append(slices.Clone(auth), args...)...)
 		// -max-time ends a stream with DeadlineExceeded and a non-zero
 		// status: that is how the watch is meant to end here.
 		if err != nil && !strings.Contains(string(out), "DeadlineExceeded") {
-			t.Fatalf("grpcurl %s: %v", strings.Join(args, " "), err)
+			t.Fatalf("grpcurl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 		return string(out)
 	}
@@ -102,4 +107,37 @@ func (e *env) testGRPCurl(t *testing.T) {
 		t.Errorf("WatchTable's snapshot is version %q, %s has %q in force", first.Snapshot.Version, a.Name(), state.Version)
 	}
 	figure(t, "grpcurl", "replicas=%d watched=%s version=%s", len(b.ControlPlanes), a.Node.Name(), first.Snapshot.Version)
+
+	if b.Credentials().Insecure {
+		return
+	}
+	// Without a token the debug calls are refused, while reflection and
+	// health stay open; in plaintext nothing answers at all.
+	addr := b.ControlPlanes[0].LocalGRPCAddr()
+	tlsOnly := []string{"-cacert", b.CAFile(), "-authority", b.ServerName()}
+	refused := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"ListNodes without a token", append(slices.Clone(tlsOnly), addr, "proxyplane.v1.TableService/ListNodes"), "Code: Unauthenticated"},
+		{"WatchTable without a token", append(slices.Clone(tlsOnly), "-max-time", "2", "-d", `{"node_name": "node-0"}`, addr, "proxyplane.v1.TableService/WatchTable"), "Code: Unauthenticated"},
+		{"plaintext", []string{"-plaintext", addr, "proxyplane.v1.TableService/ListNodes"}, "Failed to dial target host"},
+		{"without the CA bundle", []string{"-authority", b.ServerName(), addr, "proxyplane.v1.TableService/ListNodes"}, "certificate signed by unknown authority"},
+		{"without the server name", []string{"-cacert", b.CAFile(), addr, "proxyplane.v1.TableService/ListNodes"}, "doesn't contain any IP SANs"},
+	}
+	for _, r := range refused {
+		out, err := b.Topology().Exec(b.HostNS(), bin, r.args...)
+		if err == nil || !strings.Contains(string(out), r.want) {
+			t.Errorf("grpcurl %s: err %v, output lacks %q:\n%s", r.name, err, r.want, out)
+		}
+	}
+	for _, open := range [][]string{
+		{addr, "list"},
+		{addr, "grpc.health.v1.Health/Check"},
+	} {
+		if out, err := b.Topology().Exec(b.HostNS(), bin, append(slices.Clone(tlsOnly), open...)...); err != nil {
+			t.Errorf("grpcurl %s without a token: %v (reflection and health stay open)\n%s", strings.Join(open, " "), err, out)
+		}
+	}
 }

@@ -3,6 +3,7 @@ package scenarios
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -34,7 +35,11 @@ type env struct {
 func TestScenarios(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(t.Context(), scenarioTimeout)
-	b, err := box.Start(ctx, t, box.Options{})
+	// E2E_INSECURE=1 runs the same scenarios in plaintext without tokens,
+	// to compare their figures with what authentication costs; the
+	// security scenarios then skip.
+	insecure := os.Getenv("E2E_INSECURE") == "1"
+	b, err := box.Start(ctx, t, box.Options{Insecure: insecure})
 	cancel()
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +55,14 @@ func TestScenarios(t *testing.T) {
 	t.Run("AgentMovesReplicaSendsNothing", e.testAgentMovesReplica)
 	t.Run("ControlPlaneDown", e.testControlPlaneDown)
 	t.Run("APIServerRestart", e.testAPIServerRestart)
+	if insecure {
+		t.Log("E2E_INSECURE=1: the authentication scenarios are skipped")
+	} else {
+		t.Run("Authentication", e.testAuthentication)
+		t.Run("CredentialsAppearLate", e.testCredentialsAppearLate)
+		t.Run("CertificateRotation", e.testCertificateRotation)
+		t.Run("ConnectCost", e.testConnectCost)
+	}
 	figure(t, "total", "took=%s", ms(time.Since(start)))
 }
 

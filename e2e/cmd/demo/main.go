@@ -145,10 +145,15 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	}
 	cp := b.ControlPlanes[0].LocalGRPCAddr()
 	in := "ip netns exec " + b.HostNS() + " "
-	out.f("\nWatch it (as root, in another terminal):\n")
-	out.f("  %s%s -plaintext %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, cp)
-	out.f("  %s%s -plaintext -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, cp)
-	out.f("  %s%s -plaintext %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, cp)
+	// TLS against the CA bundle the control plane published, for the
+	// name its certificate carries, and the token of an identity allowed
+	// to read tables (it may list EndpointSlices).
+	auth := b.GRPCurlShellArgs()
+	out.f("\nWatch it (as root, in another terminal; TLS and a token of %s, which may list EndpointSlices):\n", box.DebugServiceAccount)
+	out.f("  %s%s %s %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, auth, cp)
+	out.f("  %s%s %s -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, auth, cp)
+	out.f("  %s%s %s %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, auth, cp)
+	out.f("  %s%s -cacert %s -authority %s %s proxyplane.v1.TableService/ListNodes   # no token: Unauthenticated\n", in, grpcurl, b.CAFile(), b.ServerName(), cp)
 	out.f("  ip netns exec %s iptables-nft -t nat -S | grep PP-   # node-0's rules\n", tp.Node(0).NS())
 	out.f("  ip netns exec %s bash -c 'exec 3<>/dev/tcp/%s/%d; echo hi >&3; head -1 <&3'   # a request from the client\n",
 		tp.ClientNS(), web.Spec.ClusterIP, box.ServicePort)
