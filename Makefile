@@ -133,3 +133,16 @@ bench-upstream: e2e-apiserver
 	cd e2e/cmd/kpbench/upstream && go build -ldflags '$(E2E_LDFLAGS)' -o $(BIN)/kube-proxy k8s.io/kubernetes/cmd/kube-proxy
 	cd e2e && go build -o $(BIN)/kpbench ./cmd/kpbench
 	$(BIN)/kpbench --apiserver=$(BIN)/e2e-apiserver --kube-proxy=$(BIN)/kube-proxy $(KPBENCH_FLAGS) | tee bench-upstream.out
+
+# bench-fleet measures the control plane binary at cluster scale on this
+# machine (e2e/cmd/fleet; docs/benchmarks.md): N simulated agents, each on
+# its own TCP connection, against e2e-apiserver with S Services, through a
+# cold start, paced endpoint changes and a restart, then the peer
+# (kube-proxy-style informer sets) in the same run. Not root. Pass sizes
+# with FLEET_FLAGS (for example --nodes=5000 --services=10000
+# --peer-sets=500; --peer=false skips the peer).
+FLEET_FLAGS ?=
+.PHONY: bench-fleet
+bench-fleet: build e2e-apiserver
+	cd e2e && go build -o $(BIN)/fleet ./cmd/fleet
+	$(BIN)/fleet --apiserver=$(BIN)/e2e-apiserver --controlplane=$(BIN)/controlplane $(FLEET_FLAGS) | tee bench-fleet.out

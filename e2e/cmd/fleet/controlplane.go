@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// controlPlane runs the controlplane binary: the same addresses across
+// restarts, so that agents reconnect to where they were.
+type controlPlane struct {
+	binary     string
+	args       []string // every flag, addresses included
+	grpcAddr   string
+	metricsURL string
+	dir        string
+	starts     int
+	proc       *proc
+	// insecure records whether --insecure was passed.
+	insecure bool
+	client   pb.TableServiceClient
+	conn     *grpc.ClientConn
+	// lastList is when ListNodes was last called (see current).
+	lastList time.Time
+}
+
+// listNodesEvery spaces ListNodes calls: a control plane may limit calls
+// per peer address (one a second after a burst, in some versions).
+const listNodesEvery = time.Second
+
+// newControlPlane picks free ports and the flags: the API server's
+// kubeconfig, the addresses, --insecure if and only if the binary lists
+// it (TLS and token authentication are being added to it, with
+// --insecure to turn them off), then the extra flags.
+func newControlPlane(ctx context.Context, binary, kubeconfig, dir string, extra []string) (*controlPlane, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return nil, err
+	}
+	cp := &controlPlane{
+		binary:     binary,
+		grpcAddr:   "127.0.0.1:" + strconv.Itoa(ports[0]),
+		metricsURL: "http://127.0.0.1:" + strconv.Itoa(ports[1]),
+		dir:        dir,
+	}
+	cp.args = []string{
+		"--kubeconfig=" + kubeconfig,
+		"--grpc-address=" + cp.grpcAddr,
+		"--metrics-address=127.0.0.1:" + strconv.Itoa(ports[1]),
+	}
+	if cp.insecure, err = listsFlag(ctx, binary, "--insecure"); err != nil {
+		return nil, err
+	}
+	if cp.insecure {
+		cp.args = append(cp.args, "--insecure")
+	}
+	cp.args = append(cp.args, extra...)
+	// The harness's own client, for ListNodes; plaintext, as the agents,
+	// from an address of its own (the agents' are 127.16.0.1 onwards).
+	harnessAddr := &net.TCPAddr{IP: net.IPv4(127, 15, 0, 1)}
+	if cp.conn, err = grpc.NewClient(cp.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			d := net.Dialer{LocalAddr: harnessAddr}
+			return d.DialContext(ctx, "tcp", addr)
+		})); err != nil {
+		return nil, fmt.Errorf("creating control plane client: %w", err)
+	}
+	cp.client = pb.NewTableServiceClient(cp.conn)
+	return cp, nil
+}
+
+// listsFlag reports whether binary --help mentions flag.
+func listsFlag(ctx context.Context, binary, flag string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// pflag prints usage and exits 0 (or 2 with older versions) on
+	// --help: the output matters, not the status.
+	out, err := exec.CommandContext(ctx, binary, "--help").CombinedOutput()
+	if ctx.Err() != nil {
+		return false, fmt.Errorf("running %s --help: %w", binary, ctx.Err())
+	}
+	if len(out) == 0 && err != nil {
+		return false, fmt.Errorf("running %s --help: %w", binary, err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		for _, f := range strings.Fields(sc.Text()) {
+			if f == flag || strings.HasPrefix(f, flag+"=") {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// start starts the control plane and waits until /readyz answers 200:
+// informers synced and the first world published.
+func (cp *controlPlane) start(ctx context.Context, timeout time.Duration) error {
+	cp.starts++
+	log := filepath.Join(cp.dir, fmt.Sprintf("controlplane-%d.log", cp.starts))
+	ctx2, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	p, _, err := startProc(ctx2, "controlplane", append([]string{cp.binary}, cp.args...), nil, log, false)
+	if err != nil {
+		return err
+	}
+	cp.proc = p
+	return poll(ctx, "control plane ready", 20*time.Millisecond, timeout, func(ctx context.Context) (bool, error) {
+		if !p.running() {
+			return false, fmt.Errorf("control plane exited: %w (log: %s)", p.waitErr, log)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.metricsURL+"/readyz", nil)
+		if err != nil {
+			return false, fmt.Errorf("building request: %w", err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, nil // not listening yet
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
+
+func (cp *controlPlane) pid() int { return cp.proc.pid() }
+
+func (cp *controlPlane) close() {
+	if cp.proc != nil && cp.proc.running() {
+		_ = cp.proc.stop()
+	}
+	_ = cp.conn.Close()
+}
+
+// current reports how many of versions' nodes are connected to the
+// control plane with that version acknowledged (or reported at hello),
+// by ListNodes, and the latest time one of them was; -1 when it is too
+// soon to ask again (listNodesEvery).
+func (cp *controlPlane) current(ctx context.Context, versions map[string]string) (int, time.Time, error) {
+	var last time.Time
+	if time.Since(cp.lastList) < listNodesEvery {
+		return -1, last, nil
+	}
+	cp.lastList = time.Now()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := cp.client.ListNodes(ctx, &pb.ListNodesRequest{})
+	if err != nil {
+		return 0, last, fmt.Errorf("ListNodes: %w", err)
+	}
+	n := 0
+	for _, s := range resp.GetNodes() {
+		if v, ok := versions[s.GetNodeName()]; ok && v != "" && s.GetConnected() && s.GetAckedVersion() == v {
+			n++
+			if t := s.GetAckedAt().AsTime(); t.After(last) {
+				last = t
+			}
+		}
+	}
+	return n, last, nil
+}
+
+// heapInuse scrapes go_memstats_heap_inuse_bytes from /metrics.
+func (cp *controlPlane) heapInuse(ctx context.Context) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.metricsURL+"/metrics", nil)
+	if err != nil {
+		return 0, fmt.Errorf("building request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("scraping metrics: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, fmt.Errorf("parsing heap in use %q: %w", v, err)
+			}
+			return uint64(f), nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("reading metrics: %w", err)
+	}
+	return 0, errors.New("no go_memstats_heap_inuse_bytes in /metrics")
+}
+
+// freePorts returns n ports free on 127.0.0.1 now. Another process could
+// take one before the control plane binds it; on this machine nothing
+// else allocates ports in a loop, and the start would fail clearly.
+func freePorts(n int) ([]int, error) {
+	var out []int
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			_ = l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("finding a free port: %w", err)
+		}
+		lns = append(lns, l)
+		out = append(out, l.Addr().(*net.TCPAddr).Port)
+	}
+	return out, nil
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxyplane/proxyplane/e2e/cluster"
+)
+
+// TestFleetSmoke runs a tiny fleet end to end with the real binaries: 20
+// agents, 60 Services, 10 changes, 3 informer sets. It asserts what must
+// hold at any size (every table valid, every change ACKed by every agent
+// that must see it, nothing resent after a restart) and logs the table;
+// timings are printed, never asserted.
+func TestFleetSmoke(t *testing.T) {
+	apiserver := cluster.RequireBinary(t)
+	cp, err := findControlPlane()
+	if err == nil {
+		_, err = os.Stat(cp)
+	}
+	if err != nil {
+		t.Skipf("controlplane is not built (%v): run `make build`, or `make e2e` to build and run everything", err)
+	}
+	o := newOptions()
+	o.APIServer, o.ControlPlane, o.Dir = apiserver, cp, t.TempDir()
+	o.Nodes, o.Services, o.Changes = 20, 60, 10
+	// Every class changes at least once: 2 hinted and 1 or 2 eTP Local.
+	o.HintedPercent, o.LocalPercent = 20, 10
+	o.Pace, o.Spread, o.Idle = 50*time.Millisecond, 200*time.Millisecond, 0
+	o.PeerSets, o.PeerChanges = 3, 3
+	o.Workers, o.Clients = 8, 2
+	// Bounds for a machine shared with builds; a healthy run takes
+	// seconds per phase.
+	o.PhaseTimeout = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	res, err := run(ctx, o)
+	if err != nil {
+		logTails(t, o.Dir)
+		t.Fatalf("run: %v", err)
+	}
+	var out strings.Builder
+	printTable(&out, res)
+	t.Logf("figures:\n%s", out.String())
+
+	ck := res.Checks
+	if ck.ValidAgents != o.Nodes {
+		t.Errorf("%d of %d agents hold a valid table after the cold start", ck.ValidAgents, o.Nodes)
+	}
+	if ck.Nacks != 0 {
+		t.Errorf("%d NACKs: %v", ck.Nacks, ck.NackErrors)
+	}
+	if ck.Missing != 0 {
+		t.Errorf("%d (change, agent) pairs not ACKed", ck.Missing)
+	}
+	for _, c := range res.Steady.Changes {
+		if c.Acked < c.Expected {
+			t.Errorf("change of %s (%s, zone %q): %d of %d expected agents ACKed it", c.Service, c.Class, c.Zone, c.Acked, c.Expected)
+		}
+	}
+	if ck.RestartTableBytes != 0 {
+		t.Errorf("the restarted control plane sent %d table bytes to agents that were current", ck.RestartTableBytes)
+	}
+	if res.Cold.Agents.Snapshots < uint64(o.Nodes) {
+		t.Errorf("%d snapshots at cold start for %d agents", res.Cold.Agents.Snapshots, o.Nodes)
+	}
+	if res.Peer == nil || res.Peer.Sets != o.PeerSets || len(res.Peer.Errors) != 0 {
+		t.Errorf("peer: %+v", res.Peer)
+	}
+}
+
+// logTails logs the end of every log of the run.
+func logTails(t *testing.T, dir string) {
+	t.Helper()
+	logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	more, _ := filepath.Glob(filepath.Join(dir, "cluster", "*.log"))
+	for _, p := range append(logs, more...) {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		t.Logf("last lines of %s:\n%s", p, strings.Join(lines[max(0, len(lines)-30):], "\n"))
+	}
+}

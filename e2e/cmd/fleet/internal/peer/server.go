@@ -1,0 +1,110 @@
+package peer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
+)
+
+// Main runs the peer's process: it starts every set at once (spread over
+// Options.Spread), prints the ready line on stdout, and serves /report
+// until ctx ends or the lifetime passes.
+func Main(ctx context.Context, args []string, stdout io.Writer) error {
+	o := NewOptions()
+	fs := pflag.NewFlagSet("peer", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return fmt.Errorf("parsing flags: %w", err)
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if err := procfs.RaiseNoFile(uint64(o.Sets) + 4096); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Lifetime)
+	defer cancel()
+	p, err := newPeer(o)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("listening: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(p.report())
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go p.startAll(ctx)
+	if err := json.NewEncoder(stdout).Encode(contract.Ready{Control: ln.Addr().String()}); err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("writing ready line: %w", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving control endpoint: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer scancel()
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+func (p *peer) startAll(ctx context.Context) {
+	t0 := time.Now()
+	p.started.Store(t0.UnixNano())
+	n := len(p.sets)
+	for i, s := range p.sets {
+		if wait := time.Until(t0.Add(p.opts.Spread * time.Duration(i) / time.Duration(n))); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		go func() {
+			if err := p.run(ctx, s); err != nil && ctx.Err() == nil {
+				p.noteError(err)
+			}
+		}()
+	}
+}
+
+func (p *peer) report() contract.PeerReport {
+	r := contract.PeerReport{Sets: len(p.sets), Started: p.started.Load(),
+		WireBytes: p.wire.Load(), BodyBytes: p.body.Load(), Events: p.events.Load()}
+	for i, s := range p.sets {
+		if t := s.synced.Load(); t != 0 {
+			r.Synced++
+			r.SyncedMax = max(r.SyncedMax, t)
+		}
+		u := s.sliceUpdates.Load()
+		if i == 0 || u < r.SliceUpdatesMin {
+			r.SliceUpdatesMin = u
+		}
+	}
+	p.mu.Lock()
+	r.Errors = append([]string(nil), p.errors...)
+	p.mu.Unlock()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	r.HeapInuse = ms.HeapInuse
+	r.Now = time.Now().UnixNano()
+	return r
+}

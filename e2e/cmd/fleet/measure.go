@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
+)
+
+// Process names in figures.
+const (
+	pControlPlane = "controlplane"
+	pAPIServer    = "apiserver"
+	pAgents       = "agents"
+	pPeer         = "peer"
+	pHarness      = "harness"
+)
+
+// meter reads the CPU time of the processes of a run. A pid of 0 is a
+// process not running.
+type meter struct {
+	mu   sync.Mutex // guards pids
+	pids map[string]int
+}
+
+func newMeter() *meter { return &meter{pids: map[string]int{pHarness: os.Getpid()}} }
+
+func (m *meter) set(name string, pid int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pids[name] = pid
+}
+
+// cpu returns each running process's CPU time so far.
+func (m *meter) cpu() map[string]time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]time.Duration{}
+	for name, pid := range m.pids {
+		if pid == 0 {
+			continue
+		}
+		if d, err := procfs.CPU(pid); err == nil {
+			out[name] = d
+		}
+	}
+	return out
+}
+
+// since returns the CPU each process used from before to now.
+func (m *meter) since(before map[string]time.Duration) map[string]time.Duration {
+	now := m.cpu()
+	out := map[string]time.Duration{}
+	for name, d := range now {
+		out[name] = d - before[name]
+	}
+	return out
+}
+
+// heapSampler scrapes the control plane's heap in use at an interval, for
+// its peak during a phase. The scrape costs the control plane a little
+// CPU, which is counted in the phase.
+type heapSampler struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	peak   uint64
+}
+
+// heapSampleInterval: a cold start of thousands of agents takes seconds.
+const heapSampleInterval = 250 * time.Millisecond
+
+func sampleHeap(ctx context.Context, cp *controlPlane) *heapSampler {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &heapSampler{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(heapSampleInterval)
+		defer t.Stop()
+		for {
+			if h, err := cp.heapInuse(ctx); err == nil {
+				s.peak = max(s.peak, h)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends sampling and returns the peak seen.
+func (s *heapSampler) stop() uint64 {
+	s.cancel()
+	<-s.done
+	return s.peak
+}
+
+// memFigures are a process's memory at the end of a phase.
+type memFigures struct {
+	// RSS at the end, peak RSS (VmHWM) during the phase, heap in use at
+	// the end and its sampled peak.
+	RSS, PeakRSS, Heap, PeakHeap uint64
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Options configures a run. Defaults are in newOptions, with reasons.
+type Options struct {
+	// APIServer is e2e-apiserver; ControlPlane the controlplane binary.
+	APIServer, ControlPlane string
+	// Dir receives the API server's state, every process's log and
+	// fleet.json; a new temporary directory when empty.
+	Dir string
+	// Nodes (N) is the number of Node objects and agents.
+	Nodes int
+	// Services (S) and EndpointsPer, the endpoints of each Service.
+	Services, EndpointsPer int
+	// HintedPercent of Services are topology-hinted; LocalPercent have
+	// externalTrafficPolicy Local.
+	HintedPercent, LocalPercent float64
+	// Changes (C) endpoint changes, one per Pace.
+	Changes int
+	Pace    time.Duration
+	// Spread is the time over which the agents connect at cold start.
+	Spread time.Duration
+	// Idle is the quiet window before the changes that measures the
+	// control plane's idle CPU (keepalives, resyncs).
+	Idle time.Duration
+	// Peer runs the peer; PeerSets is its number of informer sets and
+	// PeerChanges its changes.
+	Peer                  bool
+	PeerSets, PeerChanges int
+	// Workers create objects in parallel over Clients connections.
+	Workers, Clients int
+	// Decoders bounds responses the agents decode at once.
+	Decoders int
+	// PhaseTimeout bounds each wait for a phase to complete.
+	PhaseTimeout time.Duration
+	// ControlPlaneArgs are passed to the control plane as they are.
+	ControlPlaneArgs []string
+	// Seed makes the world and the changes reproducible.
+	Seed uint64
+	// JSON is where the raw figures go; empty means Dir/fleet.json.
+	JSON string
+}
+
+func newOptions() *Options {
+	return &Options{
+		// Small enough to run in a minute; the sizes are flags.
+		Nodes: 100, Services: 1000, EndpointsPer: 3,
+		// The mix.
+		HintedPercent: 10, LocalPercent: 5,
+		Changes: 100, Pace: 100 * time.Millisecond,
+		// "Within about a second", as a rolling restart of a DaemonSet
+		// never does but a control plane failover can.
+		Spread: time.Second,
+		Idle:   2 * time.Second,
+		Peer:   true,
+		// The peer holds every Service and slice per set: 200 sets of
+		// 10,000 Services is already several GB here.
+		PeerSets: 200,
+		// Two cores: more workers only queue in the API server.
+		Workers: 32, Clients: 4,
+		// Twice the cores.
+		Decoders:     4,
+		PhaseTimeout: 10 * time.Minute,
+		Seed:         1,
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.APIServer, "apiserver", o.APIServer, "Path of e2e-apiserver (default: $E2E_APISERVER, or .bin/e2e-apiserver in a parent directory).")
+	fs.StringVar(&o.ControlPlane, "controlplane", o.ControlPlane, "Path of the controlplane binary (default: $E2E_BIN_DIR/controlplane, or .bin/controlplane in a parent directory).")
+	fs.StringVar(&o.Dir, "dir", o.Dir, "Directory for the API server's state, the logs and fleet.json (default: a new temporary directory, kept).")
+	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "Nodes and agents (N).")
+	fs.IntVar(&o.Services, "services", o.Services, "Services (S).")
+	fs.IntVar(&o.EndpointsPer, "endpoints", o.EndpointsPer, "Endpoints per Service.")
+	fs.Float64Var(&o.HintedPercent, "hinted-percent", o.HintedPercent, "Percent of Services topology-hinted (trafficDistribution PreferClose).")
+	fs.Float64Var(&o.LocalPercent, "local-percent", o.LocalPercent, "Percent of Services with externalTrafficPolicy Local (LoadBalancer and NodePort alternately).")
+	fs.IntVar(&o.Changes, "changes", o.Changes, "Endpoint changes in the steady phase (C).")
+	fs.DurationVar(&o.Pace, "pace", o.Pace, "Time between changes.")
+	fs.DurationVar(&o.Spread, "spread", o.Spread, "Cold start: the agents connect evenly over this time.")
+	fs.DurationVar(&o.Idle, "idle", o.Idle, "Quiet window measuring the control plane's idle CPU before the changes.")
+	fs.BoolVar(&o.Peer, "peer", o.Peer, "Run the peer (kube-proxy-style informer sets); --peer=false skips it.")
+	fs.IntVar(&o.PeerSets, "peer-sets", o.PeerSets, "Informer sets of the peer (capped at --nodes).")
+	fs.IntVar(&o.PeerChanges, "peer-changes", o.PeerChanges, "Changes in the peer phase (default: --changes).")
+	fs.IntVar(&o.Workers, "workers", o.Workers, "Parallel object creations.")
+	fs.IntVar(&o.Clients, "clients", o.Clients, "API server connections the workers share.")
+	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses the agents decode at once.")
+	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "Bound on each phase's wait.")
+	fs.StringArrayVar(&o.ControlPlaneArgs, "controlplane-arg", o.ControlPlaneArgs, "Extra control plane flag, as --controlplane-arg=--log-level=warn (repeatable).")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "Seed of the world and the changes.")
+	fs.StringVar(&o.JSON, "json", o.JSON, "Where to write the raw figures (default: <dir>/fleet.json).")
+}
+
+// Validate reports every invalid option at once.
+func (o *Options) Validate() error {
+	var errs []error
+	// Node pod CIDRs are /24s of 10.0.0.0/9.
+	if o.Nodes < 3 || o.Nodes > 32768 {
+		errs = append(errs, fmt.Errorf("--nodes %d: between 3 (one per zone) and 32768", o.Nodes))
+	}
+	// Cluster IPs come from the API server's /16.
+	if o.Services < 1 || o.Services > 60000 {
+		errs = append(errs, fmt.Errorf("--services %d: between 1 and 60000", o.Services))
+	}
+	if o.EndpointsPer < 1 || o.EndpointsPer > 1000 {
+		errs = append(errs, fmt.Errorf("--endpoints %d: between 1 and 1000 (one slice per Service)", o.EndpointsPer))
+	}
+	if o.HintedPercent < 0 || o.LocalPercent < 0 || o.HintedPercent+o.LocalPercent > 100 {
+		errs = append(errs, errors.New("--hinted-percent and --local-percent: not negative, at most 100 together"))
+	}
+	if o.Changes < 1 || o.PeerChanges < 0 {
+		errs = append(errs, errors.New("--changes must be at least 1, --peer-changes not negative"))
+	}
+	if o.Pace <= 0 || o.Spread < 0 || o.Idle < 0 || o.PhaseTimeout <= 0 {
+		errs = append(errs, errors.New("--pace and --phase-timeout must be positive, --spread and --idle not negative"))
+	}
+	if o.Peer && o.PeerSets < 1 {
+		errs = append(errs, errors.New("--peer-sets must be at least 1 (or --peer=false)"))
+	}
+	if o.Workers < 1 || o.Clients < 1 || o.Decoders < 1 {
+		errs = append(errs, errors.New("--workers, --clients and --decoders must be at least 1"))
+	}
+	return errors.Join(errs...)
+}
+
+// complete fills in what depends on other options.
+func (o *Options) complete() {
+	if o.PeerChanges == 0 {
+		o.PeerChanges = o.Changes
+	}
+	o.PeerSets = min(o.PeerSets, o.Nodes)
+	if o.JSON == "" {
+		o.JSON = filepath.Join(o.Dir, "fleet.json")
+	}
+}

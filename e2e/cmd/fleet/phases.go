@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
+)
+
+// pollInterval is how often a phase looks at its children's reports:
+// fine enough for the figures (which come from the children's own
+// timestamps, not from the polling), coarse enough to cost little.
+const pollInterval = 100 * time.Millisecond
+
+func (h *harness) agentsReport(ctx context.Context, query string) (contract.AgentsReport, error) {
+	var r contract.AgentsReport
+	err := getJSON(ctx, h.agentsURL+"/report?"+query, &r)
+	return r, err
+}
+
+// coldStart connects every agent, with empty caches, within o.Spread,
+// and waits until each holds a valid table.
+func (h *harness) coldStart(ctx context.Context) error {
+	before, err := h.agentsReport(ctx, "")
+	if err != nil {
+		return err
+	}
+	if err := procfs.ResetPeak(h.cp.pid()); err != nil {
+		return err
+	}
+	heap := sampleHeap(ctx, h.cp)
+	cpu0 := h.m.cpu()
+	if err := post(ctx, fmt.Sprintf("%s/start?spread=%s", h.agentsURL, h.o.Spread)); err != nil {
+		return err
+	}
+	var rep contract.AgentsReport
+	err = poll(ctx, "every agent holding a valid table", pollInterval, h.o.PhaseTimeout, func(ctx context.Context) (bool, error) {
+		if rep, err = h.agentsReport(ctx, ""); err != nil {
+			return false, err
+		}
+		return rep.FirstAckMax != 0, nil
+	})
+	cpu := h.m.since(cpu0)
+	f := &h.res.Cold
+	f.CPU, f.Mem = cpu, h.cpMem(ctx, heap.stop())
+	f.Agents, f.Tables, f.AgentsHeap = sub(rep.Counters, before.Counters), rep.Tables, rep.HeapInuse
+	h.res.Checks.ValidAgents = rep.Valid
+	if err != nil {
+		return fmt.Errorf("%w (%d of %d valid; session ends: %v)", err, rep.Valid, rep.Agents, rep.SessionEnds)
+	}
+	f.AllValid = time.Duration(rep.FirstAckMax - rep.Started)
+	log.Printf("every agent valid %v after start", f.AllValid.Round(time.Millisecond))
+	return nil
+}
+
+// idle measures the control plane's CPU while nothing changes.
+func (h *harness) idle(ctx context.Context) error {
+	if h.o.Idle == 0 {
+		return nil
+	}
+	cpu0 := h.m.cpu()
+	t0 := time.Now()
+	// A measurement window, not a wait for a condition.
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("idle window: %w", context.Cause(ctx))
+	case <-time.After(h.o.Idle):
+	}
+	cpu := h.m.since(cpu0)
+	h.res.Idle = time.Duration(float64(cpu[pControlPlane]) / time.Since(t0).Seconds())
+	return nil
+}
+
+// steady makes the changes and waits until every agent that must see
+// each has ACKed it.
+func (h *harness) steady(ctx context.Context) error {
+	before, err := h.agentsReport(ctx, "")
+	if err != nil {
+		return err
+	}
+	if err := procfs.ResetPeak(h.cp.pid()); err != nil {
+		return err
+	}
+	heap := sampleHeap(ctx, h.cp)
+	cpu0 := h.m.cpu()
+	t0 := time.Now()
+	recs, err := h.ch.run(ctx, h.o.Changes, h.o.Pace)
+	if err != nil {
+		return err
+	}
+	var figs []changeFig
+	var rep contract.AgentsReport
+	since := strconv.FormatInt(recs[0].Trigger.UnixNano(), 10)
+	err = poll(ctx, "every change ACKed by every agent that must see it", pollInterval, h.o.PhaseTimeout, func(ctx context.Context) (bool, error) {
+		if rep, err = h.agentsReport(ctx, "bitmaps=1&since="+since); err != nil {
+			return false, err
+		}
+		figs = h.changeFigures(recs, rep.Changes)
+		for _, f := range figs {
+			if f.Missing > 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	cpu := h.m.since(cpu0)
+	f := &h.res.Steady
+	f.Window = time.Since(t0)
+	f.Changes, f.CPU, f.Mem = figs, cpu, h.cpMem(ctx, heap.stop())
+	f.Agents = sub(rep.Counters, before.Counters)
+	for _, c := range figs {
+		h.res.Checks.Missing += c.Missing
+		f.Duration = max(f.Duration, c.Trigger.Add(c.LastAck).Sub(recs[0].Trigger))
+	}
+	if err != nil {
+		return fmt.Errorf("%w (%d change-agent pairs missing)", err, h.res.Checks.Missing)
+	}
+	return nil
+}
+
+// changeFigures matches the agents' reports to the changes made.
+func (h *harness) changeFigures(recs []changeRec, reports []contract.ChangeReport) []changeFig {
+	byTrigger := make(map[int64]contract.ChangeReport, len(reports))
+	for _, r := range reports {
+		byTrigger[r.Trigger] = r
+	}
+	out := make([]changeFig, len(recs))
+	for i, rec := range recs {
+		f := changeFig{changeRec: rec}
+		r, ok := byTrigger[rec.Trigger.UnixNano()]
+		for n := range h.o.Nodes {
+			if !rec.expects(n) {
+				continue
+			}
+			f.Expected++
+			if !ok || r.AckedBy == nil || r.AckedBy[n/8]&(1<<(n%8)) == 0 {
+				f.Missing++
+			}
+		}
+		if ok {
+			f.Reached, f.Acked = r.Reached, r.Acked
+			f.LastReach = time.Duration(r.LastReach - rec.Trigger.UnixNano())
+			f.LastAck = time.Duration(r.LastAck - rec.Trigger.UnixNano())
+		}
+		out[i] = f
+	}
+	return out
+}
+
+// restart stops the control plane with every agent current, starts a
+// new one, and waits until every agent is current on it again.
+func (h *harness) restart(ctx context.Context) error {
+	var rep contract.AgentsReport
+	var err error
+	if err := poll(ctx, "every agent current before the restart", pollInterval, h.o.PhaseTimeout, func(ctx context.Context) (bool, error) {
+		if rep, err = h.agentsReport(ctx, "versions=1"); err != nil {
+			return false, err
+		}
+		n, _, err := h.cp.current(ctx, rep.Versions)
+		return err == nil && n == h.o.Nodes, err
+	}); err != nil {
+		return err
+	}
+	before := rep
+	oldPid := h.cp.pid()
+	oldCPU, err := procfs.CPU(oldPid)
+	if err != nil {
+		return err
+	}
+	cpu0 := h.m.cpu()
+	tTerm := time.Now()
+	if err := h.cp.proc.stop(); err != nil {
+		return err
+	}
+	f := &h.res.Restart
+	f.Stop = time.Since(tTerm)
+	if st := h.cp.proc.cmd.ProcessState; st != nil {
+		f.OldCPU = st.UserTime() + st.SystemTime() - oldCPU
+	}
+	h.m.set(pControlPlane, 0)
+	tStart := time.Now()
+	if err := h.cp.start(ctx, h.o.PhaseTimeout); err != nil {
+		return err
+	}
+	f.Ready = time.Since(tStart)
+	tReady := time.Now()
+	h.m.set(pControlPlane, h.cp.pid())
+	heap := sampleHeap(ctx, h.cp)
+	var lastCurrent time.Time
+	err = poll(ctx, "every agent current after the restart", pollInterval, h.o.PhaseTimeout, func(ctx context.Context) (bool, error) {
+		if rep, err = h.agentsReport(ctx, "versions=1"); err != nil {
+			return false, err
+		}
+		for _, s := range rep.SessionStarts {
+			if s < tTerm.UnixNano() {
+				return false, nil // still on the old stream, or none
+			}
+		}
+		if rep.Connected < h.o.Nodes {
+			return false, nil
+		}
+		n, last, err := h.cp.current(ctx, rep.Versions)
+		lastCurrent = last
+		return err == nil && n == h.o.Nodes, nil
+	})
+	cpu := h.m.since(cpu0)
+	if d, cerr := procfs.CPU(h.cp.pid()); cerr == nil {
+		cpu[pControlPlane] = d // all of the new process's
+	}
+	f.CPU, f.Mem = cpu, h.cpMem(ctx, heap.stop())
+	f.Agents = sub(rep.Counters, before.Counters)
+	h.res.Checks.RestartTableBytes = f.Agents.SnapshotBytes + f.Agents.DeltaBytes
+	if err != nil {
+		return fmt.Errorf("%w (%d of %d connected)", err, rep.Connected, rep.Agents)
+	}
+	// An agent is current once the control plane has taken its hello
+	// (and found nothing to send) or its ACK: ListNodes' acked_at, the
+	// control plane's own time. The agents' hellos go out before the new
+	// process is ready, so their times would be too early.
+	f.Current = lastCurrent.Sub(tTerm)
+	f.CurrentAfterReady = lastCurrent.Sub(tReady)
+	log.Printf("every agent current %v after SIGTERM, %d table bytes resent", f.Current.Round(time.Millisecond), h.res.Checks.RestartTableBytes)
+	return h.finishAgents(ctx)
+}
+
+// finishAgents records the run's agent totals and stops the agents and
+// the control plane, so that the peer runs alone with the API server.
+func (h *harness) finishAgents(ctx context.Context) error {
+	rep, err := h.agentsReport(ctx, "")
+	if err != nil {
+		return err
+	}
+	h.res.Agents = rep.Counters
+	h.res.Checks.Nacks, h.res.Checks.NackErrors = rep.Counters.Nacks, rep.NackErrors
+	if err := h.agents.stop(); err != nil {
+		return err
+	}
+	h.m.set(pAgents, 0)
+	if err := h.cp.proc.stop(); err != nil {
+		return err
+	}
+	h.m.set(pControlPlane, 0)
+	return nil
+}
+
+// peer runs the informer sets with the control plane stopped: their
+// initial sync, then changes at the same pace.
+func (h *harness) peer(ctx context.Context) error {
+	o := h.o
+	f := &peerFigures{Sets: o.PeerSets, Changes: o.PeerChanges}
+	h.res.Peer = f
+	if c := o.Changes; c > 0 {
+		f.BaselineAPICPU = h.res.Steady.CPU[pAPIServer] / time.Duration(c)
+	}
+	cpu0 := h.m.cpu()
+	p, url, err := startChild(ctx, rolePeer, []string{
+		"--kubeconfig=" + h.cluster.AdminKubeconfig(), fmt.Sprintf("--sets=%d", o.PeerSets),
+		"--node-prefix=" + nodePrefix, "--spread=" + o.Spread.String(),
+	}, filepath.Join(o.Dir, "peer.log"))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := p.stop(); err != nil {
+			log.Print(err)
+		}
+		h.m.set(pPeer, 0)
+	}()
+	h.m.set(pPeer, p.pid())
+	var rep contract.PeerReport
+	if err := poll(ctx, "every informer set synced", pollInterval, o.PhaseTimeout, func(ctx context.Context) (bool, error) {
+		if err := getJSON(ctx, url+"/report", &rep); err != nil {
+			return false, err
+		}
+		return rep.Synced == rep.Sets, nil
+	}); err != nil {
+		return fmt.Errorf("%w (%d of %d synced; errors %v)", err, rep.Synced, rep.Sets, rep.Errors)
+	}
+	f.Sync = time.Duration(rep.SyncedMax - rep.Started)
+	f.SyncCPU, f.SyncWire, f.SyncBody = h.m.since(cpu0), rep.WireBytes, rep.BodyBytes
+	log.Printf("%d informer sets synced in %v", rep.Sets, f.Sync.Round(time.Millisecond))
+
+	before := rep
+	cpu1 := h.m.cpu()
+	recs, err := h.ch.run(ctx, o.PeerChanges, o.Pace)
+	if err != nil {
+		return err
+	}
+	if err := poll(ctx, "every informer set seeing every change", pollInterval, o.PhaseTimeout, func(ctx context.Context) (bool, error) {
+		if err := getJSON(ctx, url+"/report", &rep); err != nil {
+			return false, err
+		}
+		return rep.SliceUpdatesMin >= uint64(o.PeerChanges), nil
+	}); err != nil {
+		return err
+	}
+	f.Delivered = time.Since(recs[0].Trigger)
+	f.CPU = h.m.since(cpu1)
+	f.Wire, f.Body = rep.WireBytes-before.WireBytes, rep.BodyBytes-before.BodyBytes
+	f.Heap, f.Errors = rep.HeapInuse, rep.Errors
+	return nil
+}
