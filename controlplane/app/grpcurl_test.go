@@ -3,19 +3,29 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/keyutil"
 
+	"github.com/proxyplane/proxyplane/controlplane/certs"
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -73,20 +83,28 @@ func TestGRPCurl(t *testing.T) {
 		Reason: compute.ReasonInvalidService, Message: `clusterIPs: ParseAddr("10.96.0.300"): IPv4 field has value >255`,
 		Count: 3, FirstSeen: timestamppb.New(time.Unix(1700000000, 0)), LastSeen: timestamppb.New(time.Unix(1700000300, 0)),
 	}}}}
-	gs, _ := NewGRPCServer(store, events, NewOptions(), slog.New(slog.DiscardHandler))
-	go func() { _ = gs.Serve(lis) }()
+	sec, caFile, token := testSecurity(t)
+	gs, _ := NewGRPCServer(store, events, NewOptions(), sec, slog.New(slog.DiscardHandler))
+	go func() { _ = gs.Serve(sec.Limits.Listener(lis)) }()
 	t.Cleanup(gs.Stop)
 	addr := lis.Addr().String()
 
-	run := func(args ...string) string {
-		t.Helper()
+	// As an operator would: trusting the published bundle, naming the
+	// Service, with a token from `kubectl create token`.
+	tlsArgs := []string{"-cacert", caFile, "-servername", certs.ServerName("proxyplane-system")}
+	try := func(args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		out, err := exec.CommandContext(ctx, bin, append([]string{"-plaintext"}, args...)...).CombinedOutput()
-		if err != nil && !strings.Contains(string(out), "DeadlineExceeded") {
+		out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		return string(out), err
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := try(append(append(slices.Clone(tlsArgs), "-H", "authorization: Bearer "+token), args...)...)
+		if err != nil && !strings.Contains(out, "DeadlineExceeded") {
 			t.Fatalf("grpcurl %v: %v\n%s", args, err, out)
 		}
-		return string(out)
+		return out
 	}
 	cases := []struct {
 		name string
@@ -114,6 +132,29 @@ func TestGRPCurl(t *testing.T) {
 		})
 	}
 
+	refusals := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"plaintext", []string{"-plaintext", addr, "proxyplane.v1.TableService/ListNodes"}, "Failed to dial"},
+		{"not trusting the bundle", []string{"-servername", certs.ServerName("proxyplane-system"), addr, "list"}, "certificate"},
+		{"no token", append(slices.Clone(tlsArgs), addr, "proxyplane.v1.TableService/ListNodes"), "Code: Unauthenticated"},
+		{"an unknown token", append(slices.Clone(tlsArgs), "-H", "authorization: Bearer nope", addr, "proxyplane.v1.TableService/ListEvents"), "Code: Unauthenticated"},
+	}
+	for _, tc := range refusals {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := try(tc.args...)
+			if err == nil || !strings.Contains(out, tc.want) {
+				t.Errorf("grpcurl %s: %v, output lacks %q:\n%s", tc.name, err, tc.want, out)
+			}
+		})
+	}
+	// Reflection and health stay open without a token.
+	if out, err := try(append(slices.Clone(tlsArgs), addr, "grpc.health.v1.Health/Check")...); err != nil || !strings.Contains(out, "SERVING") {
+		t.Errorf("health check without a token: %v\n%s", err, out)
+	}
+
 	// The watched snapshot is valid JSON for the generated types.
 	out := run("-max-time", "2", "-d", `{"node_name": "node-1"}`, addr, "proxyplane.v1.TableService/WatchTable")
 	first := out[:strings.Index(out, "\n}\n")+2]
@@ -121,4 +162,61 @@ func TestGRPCurl(t *testing.T) {
 	if err := json.Unmarshal([]byte(first), &msg); err != nil || msg["snapshot"] == nil {
 		t.Errorf("first watch message is not a JSON snapshot (%v):\n%s", err, first)
 	}
+}
+
+// testSecurity returns the control plane's TLS and authentication as
+// deployed, over files in a temporary directory and a fake API server
+// that accepts one reader token, whose user may list EndpointSlices. It
+// returns the CA bundle's file and that token.
+func testSecurity(t *testing.T) (sec *Security, caFile, token string) {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := certs.NewCA("test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, err := ca.Issue(certs.DNSNames("proxyplane-system"), nil, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := keyutil.MarshalPrivateKeyToPEM(crt.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile = filepath.Join(dir, "ca.crt")
+	o := NewOptions()
+	// grpcurl opens a connection per command, and the test runs many in
+	// a row from one address: more than an operator would.
+	o.PeerRate = 0
+	o.TLSCertFile, o.TLSKeyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	for f, b := range map[string][]byte{caFile: ca.CertPEM, o.TLSCertFile: pemOf(t, crt.Certificate[0]), o.TLSKeyFile: keyPEM} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	token = "reader-token"
+	client := fake.NewClientset()
+	client.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
+		if tr.Spec.Token == token && len(tr.Spec.Audiences) == 0 {
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "alice"}}
+		}
+		return true, tr, nil
+	})
+	client.PrependReactor("create", "subjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
+		sar.Status.Allowed = sar.Spec.User == "alice" && sar.Spec.ResourceAttributes.Resource == "endpointslices"
+		return true, sar, nil
+	})
+	sec, err = NewSecurity(client, client, o, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sec, caFile, token
+}
+
+func pemOf(t *testing.T, der []byte) []byte {
+	t.Helper()
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

@@ -7,10 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/proxyplane/proxyplane/controlplane/auth"
+	"github.com/proxyplane/proxyplane/controlplane/limit"
 	"github.com/proxyplane/proxyplane/controlplane/server"
 )
 
@@ -40,6 +45,46 @@ type Options struct {
 	KeepaliveInterval, KeepaliveTimeout, WriteTimeout, AckTimeout time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
+
+	// Insecure serves plaintext without authentication: for tests only.
+	Insecure bool
+	// TLSCertFile and TLSKeyFile hold a serving certificate issued
+	// elsewhere, reloaded when they change; empty to bootstrap one from
+	// the CA kept in Namespace.
+	TLSCertFile, TLSKeyFile string
+	// TLSSANs are extra DNS names or IPs of bootstrapped certificates.
+	TLSSANs []string
+	// Namespace holds the CA Secret and the CA bundle ConfigMap.
+	Namespace string
+	// TokenAudience is the audience of agent tokens.
+	TokenAudience string
+	// AgentServiceAccount is the agents' ServiceAccount, namespace/name.
+	AgentServiceAccount string
+	// MaxAgents caps Sync streams; MaxStreams all streams and calls;
+	// MaxConnections open connections.
+	MaxAgents, MaxStreams, MaxConnections int
+	// PeerRate and PeerBurst limit new connections and calls per peer
+	// address; a PeerRate of 0 turns the limit off.
+	PeerRate  float64
+	PeerBurst int
+}
+
+// serviceAccountNamespaceFile is where the kubelet mounts the Pod's
+// namespace along with its ServiceAccount token.
+const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// defaultNamespace is the Pod's own namespace: the downward API's
+// POD_NAMESPACE, else the mounted ServiceAccount's, else deploy/'s.
+func defaultNamespace() string {
+	if ns := os.Getenv("POD_NAMESPACE"); ns != "" {
+		return ns
+	}
+	if b, err := os.ReadFile(serviceAccountNamespaceFile); err == nil {
+		if ns := strings.TrimSpace(string(b)); ns != "" {
+			return ns
+		}
+	}
+	return "proxyplane-system"
 }
 
 // NewOptions returns the defaults.
@@ -65,6 +110,16 @@ func NewOptions() *Options {
 		WriteTimeout:            server.DefaultWriteTimeout,
 		AckTimeout:              server.DefaultAckTimeout,
 		LogLevel:                "info",
+		// The CA and its bundle live next to the control plane, where its
+		// Role grants access to them.
+		Namespace:           defaultNamespace(),
+		TokenAudience:       auth.DefaultAudience,
+		AgentServiceAccount: auth.DefaultAgentServiceAccount,
+		MaxAgents:           limit.DefaultMaxAgents,
+		MaxStreams:          limit.DefaultMaxStreams,
+		MaxConnections:      limit.DefaultMaxConnections,
+		PeerRate:            limit.DefaultPeerRate,
+		PeerBurst:           limit.DefaultPeerBurst,
 	}
 }
 
@@ -83,6 +138,18 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.WriteTimeout, "write-timeout", o.WriteTimeout, "Close a stream whose agent does not take a message within this time.")
 	fs.DurationVar(&o.AckTimeout, "ack-timeout", o.AckTimeout, "Close a stream whose agent neither ACKs nor NACKs a table within this time.")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
+	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "Serve plaintext and let any client read any node's table: for tests only.")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "Serving certificate (PEM), reloaded when it changes; unset, one is issued from the CA in the Secret proxyplane-ca of --namespace.")
+	fs.StringVar(&o.TLSKeyFile, "tls-private-key-file", o.TLSKeyFile, "Private key (PEM) of --tls-cert-file.")
+	fs.StringSliceVar(&o.TLSSANs, "tls-san", o.TLSSANs, "Extra DNS names or IPs of the issued serving certificate, besides the proxyplane-controlplane Service's names.")
+	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "Namespace of the CA Secret and the CA bundle ConfigMap proxyplane-ca (default: $POD_NAMESPACE, else the ServiceAccount's).")
+	fs.StringVar(&o.TokenAudience, "token-audience", o.TokenAudience, "Audience of the agents' projected ServiceAccount tokens.")
+	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "The agents' ServiceAccount (namespace/name): only its tokens may Sync.")
+	fs.IntVar(&o.MaxAgents, "max-agents", o.MaxAgents, "Sync streams (agents) served at once; more are refused with ResourceExhausted.")
+	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "Streams and calls of every service served at once.")
+	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Connections open at once; more are closed as they are accepted.")
+	fs.Float64Var(&o.PeerRate, "peer-rate", o.PeerRate, "New connections and calls per second allowed from one peer address after --peer-burst; 0 for no limit.")
+	fs.IntVar(&o.PeerBurst, "peer-burst", o.PeerBurst, "New connections and calls one peer address may open at once.")
 }
 
 // Validate reports every invalid option at once.
@@ -125,7 +192,47 @@ func (o *Options) Validate() error {
 	if err := lvl.UnmarshalText([]byte(o.LogLevel)); err != nil {
 		errs = append(errs, fmt.Errorf("--log-level %q: %w", o.LogLevel, err))
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, o.validateSecurity()...)...)
+}
+
+func (o *Options) validateSecurity() []error {
+	var errs []error
+	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
+		errs = append(errs, errors.New("--tls-cert-file and --tls-private-key-file go together"))
+	}
+	if o.Insecure && (o.TLSCertFile != "" || len(o.TLSSANs) > 0) {
+		errs = append(errs, errors.New("--insecure serves no certificate: drop --tls-cert-file, --tls-private-key-file and --tls-san"))
+	}
+	if o.TLSCertFile != "" && len(o.TLSSANs) > 0 {
+		errs = append(errs, errors.New("--tls-san names the issued certificate; --tls-cert-file's names are its issuer's business"))
+	}
+	for _, san := range o.TLSSANs {
+		if net.ParseIP(san) != nil {
+			continue
+		}
+		if e1, e2 := validation.IsDNS1123Subdomain(san), validation.IsWildcardDNS1123Subdomain(san); len(e1) > 0 && len(e2) > 0 {
+			errs = append(errs, fmt.Errorf("--tls-san %q is neither an IP address nor a DNS name: %s", san, e1[0]))
+		}
+	}
+	if e := validation.IsDNS1123Label(o.Namespace); len(e) > 0 {
+		errs = append(errs, fmt.Errorf("--namespace %q: %s", o.Namespace, e[0]))
+	}
+	if o.TokenAudience == "" {
+		errs = append(errs, errors.New("--token-audience must not be empty"))
+	}
+	if _, err := auth.ParseServiceAccount(o.AgentServiceAccount); err != nil {
+		errs = append(errs, fmt.Errorf("--agent-service-account: %w", err))
+	}
+	if o.MaxAgents < 1 || o.MaxConnections < 1 {
+		errs = append(errs, errors.New("--max-agents and --max-connections must be at least 1"))
+	}
+	if o.MaxStreams < o.MaxAgents {
+		errs = append(errs, fmt.Errorf("--max-streams (%d) must be at least --max-agents (%d): every agent holds a stream", o.MaxStreams, o.MaxAgents))
+	}
+	if o.PeerRate < 0 || o.PeerBurst < 1 {
+		errs = append(errs, errors.New("--peer-rate must not be negative and --peer-burst must be at least 1"))
+	}
+	return errs
 }
 
 // Level returns the parsed log level; call after Validate.

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +23,19 @@ func TestOptionsValidate(t *testing.T) {
 		{"no pending changes", []string{"--max-pending-changes=0"}, "--max-pending-changes"},
 		{"tiny messages", []string{"--max-send-message-bytes=10"}, "at least 1 MiB"},
 		{"bad log level", []string{"--log-level=loud"}, "--log-level"},
+		{"certificate files", []string{"--tls-cert-file=a", "--tls-private-key-file=b"}, ""},
+		{"certificate without key", []string{"--tls-cert-file=a"}, "go together"},
+		{"insecure with a certificate", []string{"--insecure", "--tls-cert-file=a", "--tls-private-key-file=b"}, "--insecure serves no certificate"},
+		{"extra names", []string{"--tls-san=cp.example.com,10.0.0.1,fd00::1,*.cp.example.com"}, ""},
+		{"bad extra name", []string{"--tls-san=not a name"}, "--tls-san"},
+		{"extra names with files", []string{"--tls-cert-file=a", "--tls-private-key-file=b", "--tls-san=x.example.com"}, "--tls-san"},
+		{"bad namespace", []string{"--namespace=Proxy_Plane"}, "--namespace"},
+		{"empty audience", []string{"--token-audience="}, "--token-audience"},
+		{"bad service account", []string{"--agent-service-account=proxyplane-nodeagent"}, "--agent-service-account"},
+		{"no agents", []string{"--max-agents=0"}, "--max-agents"},
+		{"fewer streams than agents", []string{"--max-agents=100", "--max-streams=50"}, "--max-streams"},
+		{"no peer limit", []string{"--peer-rate=0"}, ""},
+		{"negative peer rate", []string{"--peer-rate=-1"}, "--peer-rate"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -42,8 +56,28 @@ func TestOptionsValidate(t *testing.T) {
 	}
 }
 
+func TestDefaultNamespace(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "kube-proxyplane")
+	if got := NewOptions().Namespace; got != "kube-proxyplane" {
+		t.Errorf("namespace %q, want $POD_NAMESPACE", got)
+	}
+	t.Setenv("POD_NAMESPACE", "")
+	if got := NewOptions().Namespace; got != "proxyplane-system" {
+		// Unless this test runs in a Pod, where the mounted one wins.
+		if _, err := os.Stat(serviceAccountNamespaceFile); err != nil {
+			t.Errorf("namespace %q, want proxyplane-system", got)
+		}
+	}
+}
+
 func TestOptionsDefaultsAreConsistent(t *testing.T) {
 	o := NewOptions()
+	if o.Insecure || o.TLSCertFile != "" {
+		t.Error("TLS must be on by default, bootstrapped")
+	}
+	if o.MaxAgents < 5000 {
+		t.Errorf("--max-agents %d cannot carry a 5,000-node cluster", o.MaxAgents)
+	}
 	if o.KeepaliveTimeout < 2*o.KeepaliveInterval {
 		t.Errorf("keepalive timeout %s allows fewer than two lost keepalives at interval %s", o.KeepaliveTimeout, o.KeepaliveInterval)
 	}

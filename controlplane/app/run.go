@@ -28,6 +28,16 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/watch"
 )
 
+// Client-side rate limit of the client that sends TokenReviews and
+// SubjectAccessReviews. client-go's default of 5 a second would take 17
+// minutes to admit 5,000 agents after a failover; the Authenticator's
+// bound on reviews in flight is what protects the API server, and this
+// only a backstop.
+const (
+	reviewQPS   = 200
+	reviewBurst = 400
+)
+
 // shutdownGrace bounds a graceful stop: agent streams never end on their
 // own, so after this they are cut and the agents reconnect elsewhere.
 const shutdownGrace = 5 * time.Second
@@ -48,26 +58,54 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		return err
 	}
 
+	rcfg := rest.CopyConfig(cfg)
+	rcfg.QPS, rcfg.Burst = reviewQPS, reviewBurst
+	reviewClient, err := kubernetes.NewForConfig(rcfg)
+	if err != nil {
+		return fmt.Errorf("creating kubernetes client: %w", err)
+	}
+	sec, err := NewSecurity(client, reviewClient, o, log)
+	if err != nil {
+		return err
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.Register(reg)
 
-	gs, stopStreams := NewGRPCServer(store, watcher, o, log.With("component", "server"))
+	// Each call runs in its own stream's context, not Run's.
+	gs, stopStreams := NewGRPCServer(store, watcher, o, sec, log.With("component", "server")) //nolint:contextcheck // see above
 	grpcLis, err := net.Listen("tcp", o.GRPCAddress)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.GRPCAddress, err)
 	}
+	grpcLis = sec.Limits.Listener(grpcLis)
 	metricsLis, err := net.Listen("tcp", o.MetricsAddress)
 	if err != nil {
 		_ = grpcLis.Close()
 		return fmt.Errorf("listening on %s: %w", o.MetricsAddress, err)
 	}
-	hs := &http.Server{Handler: httpHandler(reg, store), ReadHeaderTimeout: 10 * time.Second}
-	log.Info("control plane starting", "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String())
+	hs := &http.Server{Handler: httpHandler(reg, store.Ready(), sec.Ready), ReadHeaderTimeout: 10 * time.Second}
+	log.Info("control plane starting", "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String(),
+		"tls", !o.Insecure, "namespace", o.Namespace)
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(ctx) })
-	g.Go(func() error { return gs.Serve(grpcLis) })
+	g.Go(func() error { return sec.Run(ctx) })
+	g.Go(func() error {
+		// No handshake can succeed before there is a certificate; agents
+		// meanwhile find the port closed and try another replica.
+		select {
+		case <-sec.Ready:
+		case <-ctx.Done():
+			_ = grpcLis.Close()
+			return nil
+		}
+		if err := gs.Serve(grpcLis); !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	})
 	g.Go(func() error {
 		if err := hs.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving metrics: %w", err)
@@ -96,24 +134,37 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 
 // NewGRPCServer builds the gRPC server: the TableService (its ListEvents
 // reports what events supplies), the standard health service (SERVING
-// once the first world is published) and server reflection, so that
-// grpcurl can list, describe and stream. The returned stop ends every
-// stream and reports NOT_SERVING; call it before GracefulStop, or that
-// waits for agents' streams, which never end on their own.
-func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, log *slog.Logger) (gs *grpc.Server, stop func()) {
+// once the first world is published and a certificate exists) and server
+// reflection, so that grpcurl can list, describe and stream; sec supplies
+// TLS, authentication and limits. The returned stop ends every stream and
+// reports NOT_SERVING; call it before GracefulStop, or that waits for
+// agents' streams, which never end on their own.
+func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, sec *Security, log *slog.Logger) (gs *grpc.Server, stop func()) {
+	secOpts, hooks := sec.serverOptions()
 	opts := append(server.GRPCOptions(),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
 		grpc.MaxConcurrentStreams(o.MaxStreamsPerConnection),
+		// A token is at most 16 KiB (auth.MaxTokenBytes); grpc-go would
+		// otherwise accept 16 MiB of headers on every stream.
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		// A client must finish its TLS and HTTP/2 handshakes in this time
+		// (grpc-go's default is two minutes), so half-open connections do
+		// not hold connection slots.
+		grpc.ConnectionTimeout(handshakeTimeout),
 		// Transport keepalives find dead TCP connections; the Sync stream's
-		// own keepalives find agents that are connected but stuck.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// own keepalives find agents that are connected but stuck. A
+		// connection without streams (a grpcurl done, a client that never
+		// opens one) is closed once idle, so idle connections cannot pile
+		// up toward --max-connections; agents always hold a stream.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: 5 * time.Minute}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
-	gs = grpc.NewServer(opts...)
+	gs = grpc.NewServer(append(opts, secOpts...)...)
 	srv := server.New(store, server.Options{
 		KeepaliveInterval: o.KeepaliveInterval, KeepaliveTimeout: o.KeepaliveTimeout,
 		WriteTimeout: o.WriteTimeout, AckTimeout: o.AckTimeout,
+		Authorize: hooks.Authorize, AuthorizeRead: hooks.AuthorizeRead,
 		Events: events,
 	}, log)
 	srv.Register(gs)
@@ -121,6 +172,7 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, lo
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	go func() {
 		<-store.Ready()
+		<-sec.Ready
 		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	}()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -128,17 +180,31 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, lo
 	return gs, func() { hs.Shutdown(); srv.Shutdown() }
 }
 
-func httpHandler(reg *prometheus.Registry, store *table.Store) http.Handler {
+// Bounds on what a client can make the server hold before any call.
+const (
+	maxHeaderListBytes = 64 << 10
+	handshakeTimeout   = 20 * time.Second
+)
+
+// httpHandler serves metrics, liveness, and readiness: ready once the
+// informers have synced and a serving certificate exists.
+func httpHandler(reg *prometheus.Registry, synced, certified <-chan struct{}) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-store.Ready():
-			_, _ = w.Write([]byte("ok\n"))
-		default:
-			http.Error(w, "informer caches not synced", http.StatusServiceUnavailable)
+		for _, c := range []struct {
+			ready <-chan struct{}
+			why   string
+		}{{synced, "informer caches not synced"}, {certified, "no serving certificate yet"}} {
+			select {
+			case <-c.ready:
+			default:
+				http.Error(w, c.why, http.StatusServiceUnavailable)
+				return
+			}
 		}
+		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
 }
