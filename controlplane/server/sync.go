@@ -29,11 +29,10 @@ type syncStream = grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 func (s *Server) Sync(stream syncStream) (err error) {
 	ctx, cancel := s.streamContext(stream.Context())
 	defer cancel(nil)
-	in := make(chan *pb.SyncRequest)
-	recvErr := make(chan error, 1)
-	go receive(ctx, stream, in, recvErr)
+	in := make(chan inbound)
+	go receive(ctx, stream, in)
 
-	hello, err := s.awaitHello(ctx, in, recvErr)
+	hello, err := s.awaitHello(ctx, in)
 	if err != nil {
 		return toStatus(err)
 	}
@@ -80,28 +79,30 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		log.Info("agent disconnected", "after", time.Since(started).Round(time.Millisecond), "reason", reason(err), "err", err)
 	}()
 
-	ss := &syncSession{Server: s, cur: cur, st: st, out: newSender(stream, s.opts.WriteTimeout)}
-	defer ss.out.close()
+	ss := &syncSession{Server: s, cur: cur, st: st, stream: stream, ackTimer: time.NewTimer(s.opts.AckTimeout)}
+	ss.ackTimer.Stop()
+	defer ss.close()
 	keepalive := time.NewTicker(s.opts.KeepaliveInterval)
 	defer keepalive.Stop()
 	lastHeard := time.Now()
 	for {
-		if err := ss.sendNext(ctx); err != nil {
+		if err := ss.sendNext(); err != nil {
 			return toStatus(err)
 		}
 		select {
 		case <-ctx.Done():
 			return toStatus(context.Cause(ctx))
-		case err := <-recvErr:
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return toStatus(err)
 		case <-sub.Wake():
 			cur.Update(sub.Take())
 		case m := <-in:
+			if m.err != nil {
+				if errors.Is(m.err, io.EOF) {
+					return nil
+				}
+				return toStatus(m.err)
+			}
 			lastHeard = time.Now()
-			if err := ss.handle(m); err != nil {
+			if err := ss.handle(m.req); err != nil {
 				log.Warn("closing stream", "err", err)
 				return toStatus(err)
 			}
@@ -110,7 +111,7 @@ func (s *Server) Sync(stream syncStream) (err error) {
 				return toStatus(errKeepaliveTimeout)
 			}
 			ka := &pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{SentAt: timestamppb.Now()}}}
-			if err := ss.out.send(ctx, ka); err != nil {
+			if err := ss.sendKeepalive(ctx, ka); err != nil {
 				return toStatus(err)
 			}
 		case <-ss.ackDeadline():
@@ -120,21 +121,58 @@ func (s *Server) Sync(stream syncStream) (err error) {
 }
 
 // syncSession is the state of one Sync stream, owned by its goroutine.
+//
+// It writes to the stream itself, where a write cannot block: gRPC's
+// SendMsg only queues while the stream's write quota (64 KiB of queued,
+// unwritten bytes) is not spent, and with one table in flight, sent only
+// once the agent answered the previous one, at most that table and a few
+// keepalives are ever queued. Only a keepalive behind a large table that
+// the agent has not read can block; it alone goes through a sender, a
+// goroutine with a write deadline, started when first needed. Sending
+// everything through one, as WatchTable does, would cost two goroutine
+// hand-offs per agent per change.
 type syncSession struct {
 	*Server
-	cur      *table.Cursor
-	st       *streamStatus
-	out      *sender
-	nonce    uint64      // of the last response sent; 0 before the first
-	awaiting bool        // the response with nonce awaits an answer
-	ackTimer *time.Timer // runs while a response is in flight
+	cur         *table.Cursor
+	st          *streamStatus
+	stream      syncStream
+	out         *sender     // for keepalives behind a large table; nil until needed
+	nonce       uint64      // of the last response sent; 0 before the first
+	awaiting    bool        // the response with nonce awaits an answer
+	inflightLen int         // its encoded size
+	ackTimer    *time.Timer // runs while a response is in flight
+}
+
+// quotaSafe is the largest table after which a keepalive is still
+// written directly: well under gRPC's per-stream write quota of 64 KiB.
+const quotaSafe = 16 << 10
+
+// sendKeepalive sends a keepalive, through the sender when it may queue
+// behind a large table the agent has not read.
+func (ss *syncSession) sendKeepalive(ctx context.Context, ka *pb.SyncResponse) error {
+	if ss.awaiting && ss.inflightLen > quotaSafe {
+		if ss.out == nil {
+			ss.out = newSender(ss.stream, ss.opts.WriteTimeout)
+		}
+		return ss.out.send(ctx, ka)
+	}
+	if err := ss.stream.SendMsg(ka); err != nil {
+		return fmt.Errorf("sending: %w", err)
+	}
+	return nil
+}
+
+func (ss *syncSession) close() {
+	if ss.out != nil {
+		ss.out.close()
+	}
 }
 
 // formatNonce renders a nonce as it goes on the wire.
 func formatNonce(n uint64) string { return strconv.FormatUint(n, 10) }
 
 // sendNext sends the cursor's next response, if any.
-func (ss *syncSession) sendNext(ctx context.Context) error {
+func (ss *syncSession) sendNext() error {
 	r := ss.cur.Next()
 	if r == nil {
 		return nil
@@ -151,8 +189,8 @@ func (ss *syncSession) sendNext(ctx context.Context) error {
 	f := &frame{head: lengthPrefix(head, field, r.Body.Len()), body: r.Body}
 	// r is in flight from here: the stream's exit decrements for it.
 	metrics.VersionsPendingAck.Inc()
-	if err := ss.out.send(ctx, f); err != nil {
-		return err
+	if err := ss.stream.SendMsg(f); err != nil {
+		return fmt.Errorf("sending: %w", err)
 	}
 	sent.Inc()
 	bytes.Add(float64(f.size()))
@@ -160,12 +198,13 @@ func (ss *syncSession) sendNext(ctx context.Context) error {
 		metrics.LagResetsTotal.Inc()
 	}
 	ss.st.sent(r.Version, ss.nonce, f.size())
-	ss.ackTimer = time.NewTimer(ss.opts.AckTimeout)
+	ss.inflightLen = f.size()
+	ss.ackTimer.Reset(ss.opts.AckTimeout)
 	return nil
 }
 
 func (ss *syncSession) ackDeadline() <-chan time.Time {
-	if ss.ackTimer == nil {
+	if !ss.awaiting {
 		return nil
 	}
 	return ss.ackTimer.C
@@ -220,7 +259,6 @@ func (ss *syncSession) settle(version, nonce string, record func(uint64) error) 
 	}
 	ss.awaiting = false
 	ss.ackTimer.Stop()
-	ss.ackTimer = nil
 	metrics.VersionsPendingAck.Dec()
 	return v, nil
 }
@@ -239,18 +277,19 @@ func nackDetail(n *pb.Nack) string {
 }
 
 // awaitHello waits for the first message, which must be a valid Hello.
-func (s *Server) awaitHello(ctx context.Context, in <-chan *pb.SyncRequest, recvErr <-chan error) (*pb.Hello, error) {
+func (s *Server) awaitHello(ctx context.Context, in <-chan inbound) (*pb.Hello, error) {
 	t := time.NewTimer(s.opts.KeepaliveTimeout)
 	defer t.Stop()
 	select {
 	case m := <-in:
-		h := m.GetHello()
+		if m.err != nil {
+			return nil, m.err
+		}
+		h := m.req.GetHello()
 		if h == nil {
 			return nil, fmt.Errorf("%w: the first message must be a hello", errInvalid)
 		}
 		return h, validHello(h)
-	case err := <-recvErr:
-		return nil, err
 	case <-t.C:
 		return nil, fmt.Errorf("%w: no hello", errKeepaliveTimeout)
 	case <-ctx.Done():
@@ -258,25 +297,34 @@ func (s *Server) awaitHello(ctx context.Context, in <-chan *pb.SyncRequest, recv
 	}
 }
 
-// receive feeds the stream's messages to its owner until the stream ends.
-// It decodes them itself: when grpc-go fails to decode, it ends the stream
-// with Internal on its own, but a malformed message is the agent's error
-// (InvalidArgument), and it must say so.
-func receive(ctx context.Context, stream syncStream, in chan<- *pb.SyncRequest, errc chan<- error) {
+// inbound is a message from the agent, or the error that ended the stream.
+type inbound struct {
+	req *pb.SyncRequest
+	err error
+}
+
+// receive feeds the stream's messages to its owner until the stream ends,
+// then the error that ended it. It decodes them itself: when grpc-go fails
+// to decode, it ends the stream with Internal on its own, but a malformed
+// message is the agent's error (InvalidArgument), and it must say so.
+func receive(ctx context.Context, stream syncStream, in chan<- inbound) {
 	for {
+		var m inbound
 		var raw rawMessage
 		if err := stream.RecvMsg(&raw); err != nil {
-			errc <- err
-			return
-		}
-		m := &pb.SyncRequest{}
-		if err := proto.Unmarshal(raw, m); err != nil {
-			errc <- fmt.Errorf("%w: undecodable message: %w", errInvalid, err)
-			return
+			m.err = err
+		} else {
+			m.req = &pb.SyncRequest{}
+			if err := proto.Unmarshal(raw, m.req); err != nil {
+				m.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, err)
+			}
 		}
 		select {
 		case in <- m:
 		case <-ctx.Done():
+			return
+		}
+		if m.err != nil {
 			return
 		}
 	}
