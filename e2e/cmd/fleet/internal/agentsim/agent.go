@@ -13,13 +13,13 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/hashtable"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -82,15 +82,12 @@ func (a *agent) run(ctx context.Context) {
 // held up by it as a real agent's kernel sync would hold them.
 func (a *agent) session(ctx context.Context) error {
 	o := a.f.opts
-	conn, err := grpc.NewClient(o.Address,
+	conn, err := grpc.NewClient(o.Address, append(client.TransportOptions(o.MaxRecvMessageBytes),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// nodeagent/client's options: the same maximum and keepalives.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(o.MaxRecvMessageBytes)),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		// Counts the bytes the control plane sends, and dials from the
 		// agent's own loopback address (sourceAddr).
 		grpc.WithContextDialer(a.dial),
-	)
+	)...)
 	if err != nil {
 		return fmt.Errorf("dialing %s: %w", o.Address, err)
 	}
