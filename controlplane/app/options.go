@@ -67,6 +67,10 @@ type Options struct {
 	// address; a PeerRate of 0 turns the limit off.
 	PeerRate  float64
 	PeerBurst int
+	// AdmissionRate and AdmissionBurst pace the start of Sync streams; see
+	// server.Options.
+	AdmissionRate  float64
+	AdmissionBurst int
 }
 
 // serviceAccountNamespaceFile is where the kubelet mounts the Pod's
@@ -120,6 +124,8 @@ func NewOptions() *Options {
 		MaxConnections:      limit.DefaultMaxConnections,
 		PeerRate:            limit.DefaultPeerRate,
 		PeerBurst:           limit.DefaultPeerBurst,
+		AdmissionRate:       server.DefaultAdmissionRate,
+		AdmissionBurst:      server.DefaultAdmissionBurst,
 	}
 }
 
@@ -145,6 +151,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "Namespace of the CA Secret and the CA bundle ConfigMap proxyplane-ca (default: $POD_NAMESPACE, else the ServiceAccount's).")
 	fs.StringVar(&o.TokenAudience, "token-audience", o.TokenAudience, "Audience of the agents' projected ServiceAccount tokens.")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "The agents' ServiceAccount (namespace/name): only its tokens may Sync.")
+	fs.Float64Var(&o.AdmissionRate, "admission-rate", o.AdmissionRate, "Sync streams per second that start being served; more wait their turn (a reconnect storm is spread out, not refused).")
+	fs.IntVar(&o.AdmissionBurst, "admission-burst", o.AdmissionBurst, "Sync streams that may start at once.")
 	fs.IntVar(&o.MaxAgents, "max-agents", o.MaxAgents, "Sync streams (agents) served at once; more are refused with ResourceExhausted.")
 	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "Streams and calls of every service served at once.")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Connections open at once; more are closed as they are accepted.")
@@ -228,6 +236,9 @@ func (o *Options) validateSecurity() []error {
 	}
 	if o.MaxStreams < o.MaxAgents {
 		errs = append(errs, fmt.Errorf("--max-streams (%d) must be at least --max-agents (%d): every agent holds a stream", o.MaxStreams, o.MaxAgents))
+	}
+	if o.AdmissionRate <= 0 || o.AdmissionBurst < 1 {
+		errs = append(errs, errors.New("--admission-rate must be positive and --admission-burst at least 1"))
 	}
 	if o.PeerRate < 0 || o.PeerBurst < 1 {
 		errs = append(errs, errors.New("--peer-rate must not be negative and --peer-burst must be at least 1"))

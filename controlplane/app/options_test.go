@@ -36,6 +36,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"fewer streams than agents", []string{"--max-agents=100", "--max-streams=50"}, "--max-streams"},
 		{"no peer limit", []string{"--peer-rate=0"}, ""},
 		{"negative peer rate", []string{"--peer-rate=-1"}, "--peer-rate"},
+		{"no admission", []string{"--admission-rate=0"}, "--admission-rate"},
+		{"no admission burst", []string{"--admission-burst=0"}, "--admission-burst"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -164,6 +164,7 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 	srv := server.New(store, server.Options{
 		KeepaliveInterval: o.KeepaliveInterval, KeepaliveTimeout: o.KeepaliveTimeout,
 		WriteTimeout: o.WriteTimeout, AckTimeout: o.AckTimeout,
+		AdmissionRate: o.AdmissionRate, AdmissionBurst: o.AdmissionBurst,
 		Authorize: hooks.Authorize, AuthorizeRead: hooks.AuthorizeRead,
 		Events: events,
 	}, log)
