@@ -76,10 +76,10 @@ func GRPCOptions() []grpc.ServerOption {
 		// Static receive windows turn off grpc-go's bandwidth estimation,
 		// which otherwise answers every ACK (a burst of received data) with
 		// a BDP ping: one more write and read per agent per change. Agents
-		// send ACKs, keepalives and one hello; 1 MiB takes a hello of
-		// 25,000 entry hashes in one window.
-		grpc.StaticStreamWindowSize(1 << 20),
-		grpc.StaticConnWindowSize(1 << 20),
+		// send ACKs, keepalives and one hello, so the smallest window will
+		// do, and it bounds what a stream waiting for admission buffers.
+		grpc.StaticStreamWindowSize(64 << 10),
+		grpc.StaticConnWindowSize(64 << 10),
 		// Per-connection read buffers are 32 KiB by default and stay
 		// allocated on connections grpc-go cannot pool them for (TLS):
 		// 160 MB at 5,000 agents for messages of a few dozen bytes.

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
@@ -29,10 +28,19 @@ type syncStream = grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 func (s *Server) Sync(stream syncStream) (err error) {
 	ctx, cancel := s.streamContext(stream.Context())
 	defer cancel(nil)
+	// Admission comes first, before even the hello is read: a stream that
+	// waits its turn holds at most its flow-control window of the hello
+	// (64 KiB), not the hello's hash of every entry (400 KB at 10,000
+	// Services) times every agent reconnecting at once. Callers are
+	// authenticated by now (interceptors), so only agents take turns.
+	if err := s.admit.Wait(ctx); err != nil {
+		metrics.StreamsClosedTotal.WithLabelValues("admission").Inc()
+		return status.FromContextError(err).Err()
+	}
 	in := make(chan inbound)
 	go receive(ctx, stream, in)
 
-	hello, err := s.awaitHello(ctx, in)
+	hello, entries, err := s.awaitHello(ctx, in)
 	if err != nil {
 		return toStatus(err)
 	}
@@ -48,16 +56,13 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	if _, err := s.world(ctx); err != nil {
 		return err
 	}
-	// Admission comes after authorization, so that unauthenticated
-	// clients cannot use up the turns of real agents.
-	if err := s.admit.Wait(ctx); err != nil {
-		metrics.StreamsClosedTotal.WithLabelValues("admission").Inc()
-		return status.FromContextError(err).Err()
-	}
 	sub := s.store.Subscribe()
 	defer sub.Close()
 	w, _ := sub.Take()
 	held := table.Held{Version: hello.GetVersion(), Entries: hello.GetEntryHashes(), NodeHash: hello.GetNodeHash()}
+	if held.Entries == nil {
+		held.LoadEntries = lazyEntries(entries)
+	}
 	cur, err := table.NewCursor(node, w, held, hello.GetCapabilities().GetDeltas(), s.store.MaxPending())
 	if err != nil {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
@@ -277,30 +282,32 @@ func nackDetail(n *pb.Nack) string {
 }
 
 // awaitHello waits for the first message, which must be a valid Hello.
-func (s *Server) awaitHello(ctx context.Context, in <-chan inbound) (*pb.Hello, error) {
+// Its entry hashes come apart, encoded, to be decoded only if needed.
+func (s *Server) awaitHello(ctx context.Context, in <-chan inbound) (*pb.Hello, []byte, error) {
 	t := time.NewTimer(s.opts.KeepaliveTimeout)
 	defer t.Stop()
 	select {
 	case m := <-in:
 		if m.err != nil {
-			return nil, m.err
+			return nil, nil, m.err
 		}
 		h := m.req.GetHello()
 		if h == nil {
-			return nil, fmt.Errorf("%w: the first message must be a hello", errInvalid)
+			return nil, nil, fmt.Errorf("%w: the first message must be a hello", errInvalid)
 		}
-		return h, validHello(h)
+		return h, m.entries, validHello(h)
 	case <-t.C:
-		return nil, fmt.Errorf("%w: no hello", errKeepaliveTimeout)
+		return nil, nil, fmt.Errorf("%w: no hello", errKeepaliveTimeout)
 	case <-ctx.Done():
-		return nil, context.Cause(ctx)
+		return nil, nil, context.Cause(ctx)
 	}
 }
 
 // inbound is a message from the agent, or the error that ended the stream.
 type inbound struct {
-	req *pb.SyncRequest
-	err error
+	req     *pb.SyncRequest
+	entries []byte // a hello's entry hashes, encoded (see decodeRequest)
+	err     error
 }
 
 // receive feeds the stream's messages to its owner until the stream ends,
@@ -311,13 +318,11 @@ func receive(ctx context.Context, stream syncStream, in chan<- inbound) {
 	for {
 		var m inbound
 		var raw rawMessage
-		if err := stream.RecvMsg(&raw); err != nil {
+		var err error
+		if err = stream.RecvMsg(&raw); err != nil {
 			m.err = err
-		} else {
-			m.req = &pb.SyncRequest{}
-			if err := proto.Unmarshal(raw, m.req); err != nil {
-				m.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, err)
-			}
+		} else if m.req, m.entries, err = decodeRequest(raw); err != nil {
+			m.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, err)
 		}
 		select {
 		case in <- m:

@@ -57,8 +57,12 @@ type base struct {
 type Held struct {
 	// Version is the table version, or "" for none.
 	Version string
-	// Entries maps keys to entry hashes.
-	Entries map[string]uint64
+	// Entries maps keys to entry hashes. When it is nil, LoadEntries, if
+	// set, supplies them: it is called only when Version is not the
+	// current one, because decoding a hash per Service for every agent
+	// that reconnects current is most of what a restart would cost.
+	Entries     map[string]uint64
+	LoadEntries func() (map[string]uint64, error)
 	// NodeHash is the NodeInfo hash.
 	NodeHash uint64
 }
@@ -119,7 +123,13 @@ func NewCursor(node string, w *World, held Held, deltas bool, maxPending int) (*
 		c.base = base{kind: baseTracked, version: v, node: n}
 		return c, nil
 	}
-	c.base = base{kind: baseKnown, version: v, known: held.Entries, nodeSum: held.NodeHash}
+	known := held.Entries
+	if known == nil && held.LoadEntries != nil {
+		if known, err = held.LoadEntries(); err != nil {
+			return nil, fmt.Errorf("held entries: %w", err)
+		}
+	}
+	c.base = base{kind: baseKnown, version: v, known: known, nodeSum: held.NodeHash}
 	return c, nil
 }
 

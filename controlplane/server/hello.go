@@ -1,0 +1,118 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// A hello lists a hash for every entry the agent holds: about 40 bytes per
+// Service, 400 KB at 10,000. An agent that is current, as every agent is
+// after a control plane restart, needs none of it: its version says it
+// all. So the entry hashes are split off undecoded, and decoded only for
+// an agent whose version this replica does not recognise. The field
+// numbers come from the generated descriptors, not from this file.
+var (
+	requestHelloField = fieldNumber(&pb.SyncRequest{}, "hello")
+	helloEntriesField = fieldNumber(&pb.Hello{}, "entry_hashes")
+)
+
+func fieldNumber(m proto.Message, name string) protowire.Number {
+	f := m.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(name))
+	if f == nil {
+		panic(fmt.Sprintf("server: %s has no field %s", m.ProtoReflect().Descriptor().FullName(), name))
+	}
+	return f.Number()
+}
+
+// decodeRequest decodes an agent's message. For a hello it returns the
+// encoded entry_hashes fields apart (a Hello message holding only them),
+// for lazyEntries to decode when needed.
+func decodeRequest(raw []byte) (*pb.SyncRequest, []byte, error) {
+	others, hellos, err := splitField(raw, requestHelloField)
+	if err != nil {
+		return nil, nil, err
+	}
+	hello, n := lastBytesField(hellos)
+	if n != 1 {
+		// Not a hello, or one repeated, which proto would merge: decode
+		// it all the ordinary way.
+		m := &pb.SyncRequest{}
+		if err := proto.Unmarshal(raw, m); err != nil {
+			return nil, nil, err
+		}
+		return m, nil, nil
+	}
+	m := &pb.SyncRequest{}
+	if err := proto.Unmarshal(others, m); err != nil {
+		return nil, nil, err
+	}
+	if m.GetKind() != nil {
+		return nil, nil, errors.New("a hello and another kind of request in one message")
+	}
+	rest, entries, err := splitField(hello, helloEntriesField)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := &pb.Hello{}
+	if err := proto.Unmarshal(rest, h); err != nil {
+		return nil, nil, err
+	}
+	m.Kind = &pb.SyncRequest_Hello{Hello: h}
+	return m, entries, nil
+}
+
+// lazyEntries decodes entry hashes split off by decodeRequest.
+func lazyEntries(entries []byte) func() (map[string]uint64, error) {
+	return func() (map[string]uint64, error) {
+		h := &pb.Hello{}
+		if err := proto.Unmarshal(entries, h); err != nil {
+			return nil, fmt.Errorf("%w: hello entry hashes: %w", errInvalid, err)
+		}
+		return h.GetEntryHashes(), nil
+	}
+}
+
+// lastBytesField returns the content of the last of the length-delimited
+// fields b holds (as splitField leaves them), and how many there are.
+func lastBytesField(b []byte) ([]byte, int) {
+	var last []byte
+	n := 0
+	for len(b) > 0 {
+		_, typ, tagLen := protowire.ConsumeTag(b)
+		if typ != protowire.BytesType {
+			return nil, 0
+		}
+		v, vLen := protowire.ConsumeBytes(b[tagLen:])
+		last, n = v, n+1
+		b = b[tagLen+vLen:]
+	}
+	return last, n
+}
+
+// splitField splits message b into its fields other than num and the
+// fields num, each still encoded as fields of the same message.
+func splitField(b []byte, num protowire.Number) (rest, only []byte, err error) {
+	for len(b) > 0 {
+		n, typ, tagLen := protowire.ConsumeTag(b)
+		if tagLen < 0 {
+			return nil, nil, protowire.ParseError(tagLen)
+		}
+		valLen := protowire.ConsumeFieldValue(n, typ, b[tagLen:])
+		if valLen < 0 {
+			return nil, nil, protowire.ParseError(valLen)
+		}
+		if n == num {
+			only = append(only, b[:tagLen+valLen]...)
+		} else {
+			rest = append(rest, b[:tagLen+valLen]...)
+		}
+		b = b[tagLen+valLen:]
+	}
+	return rest, only, nil
+}

@@ -1,0 +1,133 @@
+package server
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+func mustMarshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestDecodeRequest checks that decodeRequest decodes every request as
+// proto does, with a hello's entry hashes apart.
+func TestDecodeRequest(t *testing.T) {
+	hello := &pb.Hello{
+		NodeName: "node-1", Version: "0123456789abcdef", NodeHash: 7,
+		Capabilities: &pb.Capabilities{Deltas: true, Dataplane: "nftables"},
+		EntryHashes:  map[string]uint64{"default/a": 1, "default/b": 2, "kube-system/dns": 3},
+	}
+	helloReq := &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: hello}}
+	ack := &pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: "0123456789abcdef", Nonce: "3"}}}
+	cases := []struct {
+		name        string
+		raw         []byte
+		want        *pb.SyncRequest // with entry hashes, as proto decodes it
+		wantErr     bool
+		wantEntries bool // entry hashes split off, to decode later
+	}{
+		{name: "hello", raw: mustMarshal(t, helloReq), want: helloReq, wantEntries: true},
+		{name: "hello holding nothing", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n"}}}),
+			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n"}}}},
+		{name: "ack", raw: mustMarshal(t, ack), want: ack},
+		{name: "keepalive", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}),
+			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}},
+		{name: "empty", raw: nil, want: &pb.SyncRequest{}},
+		{name: "hello twice, merged as proto merges", raw: append(mustMarshal(t, helloReq), mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeHash: 9}}})...)},
+		{name: "hello and ack", raw: append(mustMarshal(t, helloReq), mustMarshal(t, ack)...), wantErr: true},
+		{name: "garbage", raw: []byte{0xff, 0xff, 0xff, 0xff, 0x0f}, wantErr: true},
+		{name: "truncated hello", raw: mustMarshal(t, helloReq)[:20], wantErr: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, entries, err := decodeRequest(tc.raw)
+			if tc.wantErr {
+				if err == nil {
+					t.Fatalf("decoded %v, want an error", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := tc.want
+			if want == nil {
+				want = &pb.SyncRequest{}
+				if err := proto.Unmarshal(tc.raw, want); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if (len(entries) > 0) != tc.wantEntries {
+				t.Fatalf("entries split off: %d bytes, want some: %v", len(entries), tc.wantEntries)
+			}
+			if len(entries) > 0 {
+				if len(got.GetHello().GetEntryHashes()) != 0 {
+					t.Errorf("hello decoded with its entry hashes: %v", got.GetHello().GetEntryHashes())
+				}
+				e, err := lazyEntries(entries)()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = proto.CloneOf(got)
+				got.GetHello().EntryHashes = e
+			}
+			if !proto.Equal(got, want) {
+				t.Errorf("decoded %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestCurrentAgentsHashesStayEncoded checks that the entry hashes of an
+// agent whose version is current are never decoded: a hello whose hashes
+// are not even valid protobuf is served as current (it would be refused as
+// undecodable were they decoded), while the same hashes with a stale
+// version are decoded and refused.
+func TestCurrentAgentsHashesStayEncoded(t *testing.T) {
+	store := cluster(t)
+	_, conn, _ := newTestServer(t, store, Options{})
+	w := store.Current()
+	current := compute.FormatVersion(w.Version(w.Node("node-1")))
+	badEntries := protowire.AppendTag(nil, helloEntriesField, protowire.BytesType)
+	badEntries = protowire.AppendBytes(badEntries, []byte{0x11, 0x01}) // a fixed64 cut short
+	hello := func(version string) []byte {
+		h := mustMarshal(t, &pb.Hello{NodeName: "node-1", Version: version, NodeHash: w.Node("node-1").Hash})
+		return protowire.AppendBytes(protowire.AppendTag(nil, requestHelloField, protowire.BytesType), append(h, badEntries...))
+	}
+	open := func(raw []byte) grpc.ClientStream {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}, pb.TableService_Sync_FullMethodName, grpc.ForceCodecV2(rawCodec{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.SendMsg(raw); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	open(hello(current))
+	eventually(t, "the current agent connected", func() bool {
+		st := nodeStatus(t, pb.NewTableServiceClient(conn), "node-1")
+		return st.GetConnected() && st.GetAckedVersion() == current
+	})
+	stale := open(hello("0123456789abcdef"))
+	if err := stale.RecvMsg(new([]byte)); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("stale agent with undecodable hashes: %v, want InvalidArgument", err)
+	}
+}
