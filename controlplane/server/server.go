@@ -81,9 +81,15 @@ func GRPCOptions() []grpc.ServerOption {
 		grpc.StaticStreamWindowSize(64 << 10),
 		grpc.StaticConnWindowSize(64 << 10),
 		// Per-connection read buffers are 32 KiB by default and stay
-		// allocated on connections grpc-go cannot pool them for (TLS):
-		// 160 MB at 5,000 agents for messages of a few dozen bytes.
-		grpc.ReadBufferSize(8 << 10),
+		// allocated on connections grpc-go cannot pool them for (TLS, or
+		// a listener that wraps connections): 160 MB at 5,000 agents, for
+		// messages of a few dozen bytes. A hello reads in more calls.
+		grpc.ReadBufferSize(4 << 10),
+		// Write buffers are pooled, but a change has every connection
+		// write at once, and the pool grows to hold a buffer for each:
+		// 32 KiB each by default. Deltas are a few hundred bytes; a
+		// snapshot is written in more calls.
+		grpc.WriteBufferSize(8 << 10),
 	}
 }
 
