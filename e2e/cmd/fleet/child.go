@@ -25,6 +25,9 @@ const roleEnv = "FLEET_ROLE"
 const (
 	roleAgents = "agents"
 	rolePeer   = "peer"
+	// The gRPC floor's server and clients (internal/floor).
+	roleFloorServer  = "floor-server"
+	roleFloorClients = "floor-clients"
 )
 
 // stopTimeout bounds a child's exit after SIGTERM: the control plane's

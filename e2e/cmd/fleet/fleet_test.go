@@ -12,10 +12,11 @@ import (
 )
 
 // TestFleetSmoke runs a tiny fleet end to end with the real binaries: 20
-// agents, 60 Services, 10 changes, 3 informer sets. It asserts what must
-// hold at any size (every table valid, every change ACKed by every agent
-// that must see it, nothing resent after a restart) and logs the table;
-// timings are printed, never asserted.
+// agents, 60 Services, 10 changes, 5 rounds of the gRPC floor, 3
+// informer sets. It asserts what must hold at any size (every table
+// valid, every change ACKed by every agent that must see it, nothing
+// resent after a restart, every floor client replying in every round)
+// and logs the table; timings are printed, never asserted.
 func TestFleetSmoke(t *testing.T) {
 	apiserver := cluster.RequireBinary(t)
 	cp, err := findControlPlane()
@@ -32,6 +33,7 @@ func TestFleetSmoke(t *testing.T) {
 	o.HintedPercent, o.LocalPercent = 20, 10
 	o.Pace, o.Spread, o.Idle = 50*time.Millisecond, 200*time.Millisecond, 0
 	o.PeerSets, o.PeerChanges = 3, 3
+	o.FloorRounds = 5
 	o.Workers, o.Clients = 8, 2
 	// Bounds for a machine shared with builds; a healthy run takes
 	// seconds per phase.
@@ -71,6 +73,45 @@ func TestFleetSmoke(t *testing.T) {
 	}
 	if res.Peer == nil || res.Peer.Sets != o.PeerSets || len(res.Peer.Errors) != 0 {
 		t.Errorf("peer: %+v", res.Peer)
+	}
+	checkFloor(t, res.Floor, o.Nodes, o.FloorRounds)
+}
+
+// TestFloorOnly runs the gRPC floor alone (--only-floor), which needs no
+// other binary: 5 clients, 3 rounds.
+func TestFloorOnly(t *testing.T) {
+	o := newOptions()
+	o.Dir, o.OnlyFloor = t.TempDir(), true
+	o.Nodes, o.FloorRounds, o.Pace = 5, 3, 50*time.Millisecond
+	o.PhaseTimeout = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	res, err := run(ctx, o)
+	if err != nil {
+		logTails(t, o.Dir)
+		t.Fatalf("run: %v", err)
+	}
+	var out strings.Builder
+	printTable(&out, res)
+	t.Logf("figures:\n%s", out.String())
+	checkFloor(t, res.Floor, o.Nodes, o.FloorRounds)
+}
+
+// checkFloor asserts that every one of clients replied in every one of
+// rounds.
+func checkFloor(t *testing.T, f *floorFigures, clients, rounds int) {
+	t.Helper()
+	if f == nil {
+		t.Fatal("no gRPC floor figures")
+	}
+	if f.Expected != clients || len(f.Replies) != rounds || f.Missing != 0 {
+		t.Errorf("gRPC floor: %d streams for %d clients, %d of %d rounds, %d replies missing", f.Expected, clients, len(f.Replies), rounds, f.Missing)
+	}
+	for i, n := range f.Replies {
+		if n != clients {
+			t.Errorf("gRPC floor round %d: %d of %d clients replied", i, n, clients)
+		}
 	}
 }
 

@@ -18,6 +18,11 @@
 //   - restart: the control plane is stopped (SIGTERM) and started again;
 //     agents reconnect with their versions, as nodeagent does, and must
 //     receive nothing;
+//   - the gRPC floor: a minimal gRPC server with the control plane's
+//     transport options and N clients with the agents', one small
+//     message out and one reply back per round at the same pace
+//     (internal/floor): what grpc-go itself costs for the steady
+//     exchange, on this machine, in this run (--only-floor runs it alone);
 //   - the peer: N' kube-proxy-style informer sets (`fleet peer`,
 //     internal/peer) against the same API server, with the control plane
 //     stopped: the API server's CPU and bytes for their initial sync and
@@ -35,11 +40,13 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/spf13/pflag"
 
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/agentsim"
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/floor"
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/peer"
 )
 
@@ -48,7 +55,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	role, args := os.Getenv(roleEnv), os.Args[1:]
-	if role == "" && len(args) > 0 && (args[0] == roleAgents || args[0] == rolePeer) {
+	if role == "" && len(args) > 0 && slices.Contains([]string{roleAgents, rolePeer, roleFloorServer, roleFloorClients}, args[0]) {
 		role, args = args[0], args[1:]
 	}
 	if role != "" {
@@ -82,7 +89,11 @@ func runRole(ctx context.Context, role string, args []string) error {
 		return agentsim.Main(ctx, args, os.Stdout)
 	case rolePeer:
 		return peer.Main(ctx, args, os.Stdout)
+	case roleFloorServer:
+		return floor.ServerMain(ctx, args, os.Stdout)
+	case roleFloorClients:
+		return floor.ClientsMain(ctx, args, os.Stdout)
 	default:
-		return fmt.Errorf("unknown role %q (want %s or %s)", role, roleAgents, rolePeer)
+		return fmt.Errorf("unknown role %q (want %s, %s, %s or %s)", role, roleAgents, rolePeer, roleFloorServer, roleFloorClients)
 	}
 }

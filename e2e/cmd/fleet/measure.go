@@ -16,6 +16,8 @@ const (
 	pAgents       = "agents"
 	pPeer         = "peer"
 	pHarness      = "harness"
+	pFloorServer  = "floorServer"
+	pFloorClients = "floorClients"
 )
 
 // meter reads the CPU time of the processes of a run. A pid of 0 is a

@@ -35,6 +35,11 @@ type Options struct {
 	// PeerChanges its changes.
 	Peer                  bool
 	PeerSets, PeerChanges int
+	// Floor runs the gRPC floor after the restart, FloorRounds rounds at
+	// Pace; OnlyFloor runs it alone, without the API server and the
+	// control plane.
+	Floor, OnlyFloor bool
+	FloorRounds      int
 	// Workers create objects in parallel over Clients connections.
 	Workers, Clients int
 	// Decoders bounds responses the agents decode at once.
@@ -64,6 +69,9 @@ func newOptions() *Options {
 		// The peer holds every Service and slice per set: 200 sets of
 		// 10,000 Services is already several GB here.
 		PeerSets: 200,
+		// As many rounds as the steady phase has changes: the same window
+		// of CPU ticks (10 ms each).
+		Floor: true, FloorRounds: 100,
 		// Two cores: more workers only queue in the API server.
 		Workers: 32, Clients: 4,
 		// Twice the cores.
@@ -90,6 +98,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Peer, "peer", o.Peer, "Run the peer (kube-proxy-style informer sets); --peer=false skips it.")
 	fs.IntVar(&o.PeerSets, "peer-sets", o.PeerSets, "Informer sets of the peer (capped at --nodes).")
 	fs.IntVar(&o.PeerChanges, "peer-changes", o.PeerChanges, "Changes in the peer phase (default: --changes).")
+	fs.BoolVar(&o.Floor, "floor", o.Floor, "Run the gRPC floor after the restart; --floor=false skips it.")
+	fs.IntVar(&o.FloorRounds, "floor-rounds", o.FloorRounds, "Rounds of the gRPC floor, one per --pace.")
+	fs.BoolVar(&o.OnlyFloor, "only-floor", o.OnlyFloor, "Run only the gRPC floor, with --nodes clients (no API server, no control plane).")
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Parallel object creations.")
 	fs.IntVar(&o.Clients, "clients", o.Clients, "API server connections the workers share.")
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses the agents decode at once.")
@@ -124,6 +135,9 @@ func (o *Options) Validate() error {
 	}
 	if o.Peer && o.PeerSets < 1 {
 		errs = append(errs, errors.New("--peer-sets must be at least 1 (or --peer=false)"))
+	}
+	if (o.Floor || o.OnlyFloor) && o.FloorRounds < 1 {
+		errs = append(errs, errors.New("--floor-rounds must be at least 1 (or --floor=false)"))
 	}
 	if o.Workers < 1 || o.Clients < 1 || o.Decoders < 1 {
 		errs = append(errs, errors.New("--workers, --clients and --decoders must be at least 1"))

@@ -16,6 +16,11 @@ func printTable(w io.Writer, r *Results) {
 	m, s := r.Machine, r.Sizes
 	t.row("machine", "cores, CPU, memory", fmt.Sprintf("%d x %s, %s", m.Cores, m.CPU, mib(m.MemTotal)))
 	t.row("machine", "kernel, Go, load average (start / end)", fmt.Sprintf("%s, %s, %s / %s", m.Kernel, m.Go, m.Load[0], m.Load[1]))
+	if r.OnlyFloor {
+		floorRows(t, r)
+		_, _ = fmt.Fprintln(w)
+		return
+	}
 	t.row("sizes", "agents (N) x Services (S), endpoints each", fmt.Sprintf("%s x %s, %d", thousands(s.Nodes), thousands(s.Services), s.EndpointsPer))
 	t.row("sizes", "hinted / eTP Local (of which LoadBalancer)", fmt.Sprintf("%d / %d (%d)", s.Hinted, s.Local, s.LoadBalancers))
 	t.row("sizes", "changes, pace; peer sets, peer changes", fmt.Sprintf("%d, %v; %d, %d", s.Changes, s.Pace, s.PeerSets, s.PeerChanges))
@@ -53,7 +58,7 @@ func printTable(w io.Writer, r *Results) {
 	t.row("steady", "changes (plain / hinted / eTP Local)", fmt.Sprintf("%d (%d / %d / %d)", len(st.Changes), classes[plain.String()], classes[hinted.String()], classes[local.String()]))
 	t.row("steady", "agents reached per change (expected)", fmt.Sprintf("%.0f (%.0f)", avgReached, float64(expected)/float64(nc)))
 	t.row("steady", "control plane CPU per change; net of idle", fmt.Sprintf("%s; %s", dur(cpCPU), dur(cpCPU-time.Duration(float64(r.Idle)*st.Window.Seconds())/time.Duration(nc))))
-	t.row("steady", "control plane CPU per change per agent reached", "**"+us(float64(cpCPU)/max(avgReached, 1))+"**")
+	t.row("steady", "control plane CPU per change per agent reached", "**"+us(cpPerAgentReached(st))+"**")
 	t.row("steady", "trigger to last agent's ACK: p50 / p99 / max", "**"+percentiles(lastAck)+"**")
 	t.row("steady", "trigger to last agent reached: p50 / p99 / max", percentiles(lastReach))
 	tableBytes := float64(st.Agents.SnapshotBytes+st.Agents.DeltaBytes) / float64(nc)
@@ -74,6 +79,7 @@ func printTable(w io.Writer, r *Results) {
 	t.row("restart", "old control plane CPU, SIGTERM to exit", dur(rs.OldCPU))
 	t.row("restart", "new control plane peak RSS; heap", fmt.Sprintf("%s; %s", mib(rs.Mem.PeakRSS), mib(rs.Mem.Heap)))
 	t.row("restart", cpuLabel, cpuOthers(rs.CPU))
+	floorRows(t, r)
 
 	if p := r.Peer; p != nil {
 		sets := float64(max(p.Sets, 1))
@@ -100,8 +106,7 @@ func printTable(w io.Writer, r *Results) {
 		}
 
 		// Ratios: the peer's cost over ours, per node, like for like.
-		cpPerAgent := float64(cpCPU) / max(avgReached, 1)
-		t.row("ratio", "CPU per change: API server per watcher / control plane per agent reached", "**"+ratio(max(perWatcher, 0), cpPerAgent)+"**")
+		t.row("ratio", "CPU per change: API server per watcher / control plane per agent reached", "**"+ratio(max(perWatcher, 0), cpPerAgentReached(st))+"**")
 		agentWire := float64(st.Agents.WireBytes) / float64(nc) / max(avgReached, 1)
 		t.row("ratio", "bytes per change: per watcher (wire) / per agent reached (wire)", ratio(float64(p.Wire)/float64(pc)/sets, agentWire))
 		t.row("ratio", "initial sync CPU: API server per set / control plane per agent (cold start)", ratio(float64(p.SyncCPU[pAPIServer])/sets, float64(c.CPU[pControlPlane])/n))
@@ -112,6 +117,19 @@ func printTable(w io.Writer, r *Results) {
 	ck := r.Checks
 	t.row("checks", "valid agents; NACKs; change-agent pairs missing; restart table bytes", fmt.Sprintf("%d of %d; %d; %d; %d", ck.ValidAgents, s.Nodes, ck.Nacks, ck.Missing, ck.RestartTableBytes))
 	_, _ = fmt.Fprintln(w)
+}
+
+// cpPerAgentReached is the steady phase's control plane CPU per change
+// per agent reached, in nanoseconds: the figure the peer and the gRPC
+// floor are compared with.
+func cpPerAgentReached(st steadyFigures) float64 {
+	nc := max(len(st.Changes), 1)
+	reached := 0
+	for _, c := range st.Changes {
+		reached += c.Reached
+	}
+	cpCPU := st.CPU[pControlPlane] / time.Duration(nc)
+	return float64(cpCPU) / max(float64(reached)/float64(nc), 1)
 }
 
 const cpuLabel = "CPU: API server (+etcd) / agents' process / peer / harness"

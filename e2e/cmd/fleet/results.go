@@ -21,12 +21,15 @@ type Results struct {
 	Cold  coldFigures  `json:"cold"`
 	// Idle is the control plane's CPU per second with agents connected
 	// and nothing changing.
-	Idle    time.Duration     `json:"idlePerSecond"`
-	Steady  steadyFigures     `json:"steady"`
-	Restart restartFigures    `json:"restart"`
-	Peer    *peerFigures      `json:"peer,omitempty"`
-	Checks  checks            `json:"checks"`
-	Agents  contract.Counters `json:"agentCounters"`
+	Idle    time.Duration  `json:"idlePerSecond"`
+	Steady  steadyFigures  `json:"steady"`
+	Restart restartFigures `json:"restart"`
+	// Floor is the gRPC floor's (floor.go); OnlyFloor, a run of it alone.
+	Floor     *floorFigures     `json:"floor,omitempty"`
+	OnlyFloor bool              `json:"onlyFloor,omitempty"`
+	Peer      *peerFigures      `json:"peer,omitempty"`
+	Checks    checks            `json:"checks"`
+	Agents    contract.Counters `json:"agentCounters"`
 }
 
 type machine struct {
@@ -130,6 +133,9 @@ type checks struct {
 	RestartTableBytes uint64 `json:"restartTableBytes"`
 	// NackErrors are the first few.
 	NackErrors []string `json:"nackErrors,omitempty"`
+	// FloorMissing counts (round, client) pairs of the gRPC floor without
+	// a reply.
+	FloorMissing int `json:"floorMissing"`
 }
 
 func sub(a, b contract.Counters) contract.Counters {

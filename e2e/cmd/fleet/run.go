@@ -40,8 +40,10 @@ type harness struct {
 
 // run runs every phase and returns the figures.
 func run(ctx context.Context, o *Options) (*Results, error) {
-	if err := resolveBinaries(o); err != nil {
-		return nil, err
+	if !o.OnlyFloor {
+		if err := resolveBinaries(o); err != nil {
+			return nil, err
+		}
 	}
 	if o.Dir == "" {
 		d, err := os.MkdirTemp("", "fleet-")
@@ -49,6 +51,11 @@ func run(ctx context.Context, o *Options) (*Results, error) {
 			return nil, fmt.Errorf("creating run directory: %w", err)
 		}
 		o.Dir = d
+	}
+	// A --dir that does not exist yet: the API server's would create it,
+	// but --only-floor runs none.
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating run directory: %w", err)
 	}
 	o.complete()
 	log.Printf("logs and state in %s", o.Dir)
@@ -59,23 +66,31 @@ func run(ctx context.Context, o *Options) (*Results, error) {
 	}
 	h := &harness{o: o, m: newMeter(), res: &Results{Machine: machineFacts()}}
 	defer h.close(ctx)
-	if err := h.setup(ctx); err != nil {
-		return nil, err
-	}
-	steps := []struct {
+	type step struct {
 		name string
 		f    func(context.Context) error
-	}{
-		{"cold start", h.coldStart},
-		{"idle", h.idle},
-		{"steady changes", h.steady},
-		{"restart", h.restart},
 	}
-	if o.Peer {
-		steps = append(steps, struct {
-			name string
-			f    func(context.Context) error
-		}{"peer", h.peer})
+	var steps []step
+	if o.OnlyFloor {
+		h.res.OnlyFloor = true
+		h.res.Sizes = sizes{Nodes: o.Nodes, Pace: o.Pace}
+		steps = []step{{"gRPC floor", h.floor}}
+	} else {
+		if err := h.setup(ctx); err != nil {
+			return nil, err
+		}
+		steps = []step{
+			{"cold start", h.coldStart},
+			{"idle", h.idle},
+			{"steady changes", h.steady},
+			{"restart", h.restart},
+		}
+		if o.Floor {
+			steps = append(steps, step{"gRPC floor", h.floor})
+		}
+		if o.Peer {
+			steps = append(steps, step{"peer", h.peer})
+		}
 	}
 	for _, s := range steps {
 		log.Printf("phase: %s", s.name)

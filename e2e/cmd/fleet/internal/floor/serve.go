@@ -1,0 +1,38 @@
+package floor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
+)
+
+// serve prints the ready line for ln, then serves h on it until ctx ends.
+func serve(ctx context.Context, stdout io.Writer, ln net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	if err := json.NewEncoder(stdout).Encode(contract.Ready{Control: ln.Addr().String()}); err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("writing ready line: %w", err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving control endpoint: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
