@@ -83,10 +83,14 @@ var (
 // counts every response it sends, and looking a label up each time is a
 // map access and a lock per agent per change.
 var (
-	// SnapshotsSent and DeltasSent are ResponsesTotal's children.
-	SnapshotsSent, DeltasSent = ResponsesTotal.WithLabelValues("snapshot"), ResponsesTotal.WithLabelValues("delta")
-	// SnapshotBytesSent and DeltaBytesSent are SentBytesTotal's children.
-	SnapshotBytesSent, DeltaBytesSent = SentBytesTotal.WithLabelValues("snapshot"), SentBytesTotal.WithLabelValues("delta")
+	// SnapshotsSent is ResponsesTotal{kind="snapshot"}.
+	SnapshotsSent = ResponsesTotal.WithLabelValues("snapshot")
+	// DeltasSent is ResponsesTotal{kind="delta"}.
+	DeltasSent = ResponsesTotal.WithLabelValues("delta")
+	// SnapshotBytesSent is SentBytesTotal{kind="snapshot"}.
+	SnapshotBytesSent = SentBytesTotal.WithLabelValues("snapshot")
+	// DeltaBytesSent is SentBytesTotal{kind="delta"}.
+	DeltaBytesSent = SentBytesTotal.WithLabelValues("delta")
 )
 
 // Register registers every metric on r. Call it once per registry.

@@ -7,7 +7,9 @@ package server
 // framing, the agents' decoding and the ACK round trip.
 //
 // The transport is bufconn (in memory), so it shows the control plane's own
-// cost, not a network's. The agents run in the same process and on the same
+// cost, not a network's: over TCP each agent also costs a write, a read
+// and grpc-go's per-connection goroutines, which dominate (the fleet
+// harness, e2e/cmd/fleet, measures the real binary over TCP). The agents run in the same process and on the same
 // CPUs as the server: ms/change includes their decoding too, which on real
 // nodes happens elsewhere.
 
