@@ -30,12 +30,14 @@ import (
 
 // Client-side rate limit of the client that sends TokenReviews and
 // SubjectAccessReviews. client-go's default of 5 a second would take 17
-// minutes to admit 5,000 agents after a failover; the Authenticator's
-// bound on reviews in flight is what protects the API server, and this
-// only a backstop.
+// minutes to admit 5,000 agents after a failover, and a restarted replica
+// starts with an empty cache. It matches the server's default admission
+// rate, so that authentication is not what paces a reconnect of every
+// agent (5,000 in 5 s); the Authenticator's bound on reviews in flight is
+// what protects the API server, and this only a backstop.
 const (
-	reviewQPS   = 200
-	reviewBurst = 400
+	reviewQPS   = server.DefaultAdmissionRate
+	reviewBurst = server.DefaultAdmissionRate
 )
 
 // shutdownGrace bounds a graceful stop: agent streams never end on their
