@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -31,57 +34,117 @@ type controlPlane struct {
 	proc       *proc
 	// insecure records whether --insecure was passed.
 	insecure bool
-	client   pb.TableServiceClient
-	conn     *grpc.ClientConn
+	// client and conn are the harness's own client (connect).
+	client pb.TableServiceClient
+	conn   *grpc.ClientConn
 	// lastList is when ListNodes was last called (see current).
 	lastList time.Time
+}
+
+// controlPlaneConfig says how the harness runs the control plane.
+type controlPlaneConfig struct {
+	// Binary is the controlplane binary; Kubeconfig the API server's
+	// admin kubeconfig; Dir receives the logs.
+	Binary, Kubeconfig, Dir string
+	// Secure runs it as production does: TLS from the CA it bootstraps in
+	// secureNamespace, and agents' tokens of audience tokenAudience
+	// reviewed. Otherwise it runs with --insecure if the binary has it.
+	Secure bool
+	// Extra flags, passed last, as they are.
+	Extra []string
 }
 
 // listNodesEvery spaces ListNodes calls: a control plane may limit calls
 // per peer address (one a second after a burst, in some versions).
 const listNodesEvery = time.Second
 
+// harnessAddr is the harness's own source address toward the control
+// plane (the agents' are 127.16.0.1 onwards), so that the control plane's
+// per-address limits count it apart.
+var harnessAddr = &net.TCPAddr{IP: net.IPv4(127, 15, 0, 1)}
+
 // newControlPlane picks free ports and the flags: the API server's
-// kubeconfig, the addresses, --insecure if and only if the binary lists
-// it (TLS and token authentication are being added to it, with
-// --insecure to turn them off), then the extra flags.
-func newControlPlane(ctx context.Context, binary, kubeconfig, dir string, extra []string) (*controlPlane, error) {
+// kubeconfig, the addresses, then either the secure mode's (its namespace,
+// the agents' audience and ServiceAccount, stated rather than left to
+// defaults that could drift from what the harness creates) or --insecure
+// if and only if the binary lists it (binaries from before TLS and token
+// authentication have no such flag and serve plaintext), then the extra
+// flags. The per-peer rate limit stays on in both: every agent dials from
+// an address of its own (agentsim's sourceAddr), as on real nodes.
+func newControlPlane(ctx context.Context, cfg controlPlaneConfig) (*controlPlane, error) {
 	ports, err := freePorts(2)
 	if err != nil {
 		return nil, err
 	}
 	cp := &controlPlane{
-		binary:     binary,
+		binary:     cfg.Binary,
 		grpcAddr:   "127.0.0.1:" + strconv.Itoa(ports[0]),
 		metricsURL: "http://127.0.0.1:" + strconv.Itoa(ports[1]),
-		dir:        dir,
+		dir:        cfg.Dir,
 	}
 	cp.args = []string{
-		"--kubeconfig=" + kubeconfig,
+		"--kubeconfig=" + cfg.Kubeconfig,
 		"--grpc-address=" + cp.grpcAddr,
 		"--metrics-address=127.0.0.1:" + strconv.Itoa(ports[1]),
 	}
-	if cp.insecure, err = listsFlag(ctx, binary, "--insecure"); err != nil {
+	hasInsecure, err := listsFlag(ctx, cfg.Binary, "--insecure")
+	if err != nil {
 		return nil, err
 	}
-	if cp.insecure {
+	switch {
+	case cfg.Secure && !hasInsecure:
+		return nil, fmt.Errorf("--secure: %s has no --insecure flag, so it predates TLS and token authentication", cfg.Binary)
+	case cfg.Secure:
+		cp.args = append(cp.args, "--namespace="+secureNamespace, "--token-audience="+tokenAudience,
+			"--agent-service-account="+secureNamespace+"/"+agentServiceAccount)
+	case hasInsecure:
+		cp.insecure = true
 		cp.args = append(cp.args, "--insecure")
 	}
-	cp.args = append(cp.args, extra...)
-	// The harness's own client, for ListNodes; plaintext, as the agents,
-	// from an address of its own (the agents' are 127.16.0.1 onwards).
-	harnessAddr := &net.TCPAddr{IP: net.IPv4(127, 15, 0, 1)}
-	if cp.conn, err = grpc.NewClient(cp.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cp.args = append(cp.args, cfg.Extra...)
+	return cp, nil
+}
+
+// connect creates the harness's own client, for ListNodes: in plaintext
+// when ca is nil; otherwise with TLS trusting only ca, verifying
+// serverName, and sending token, which must be a reader's. It connects
+// lazily, and again to each new process.
+func (cp *controlPlane) connect(ca []byte, token string) error {
+	creds := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if ca != nil {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca) {
+			return errors.New("the control plane's CA bundle holds no PEM certificate")
+		}
+		creds = []grpc.DialOption{
+			grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: serverName, MinVersion: tls.VersionTLS12})),
+			grpc.WithPerRPCCredentials(readerToken(token)),
+		}
+	}
+	conn, err := grpc.NewClient(cp.grpcAddr, append(creds,
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			d := net.Dialer{LocalAddr: harnessAddr}
 			return d.DialContext(ctx, "tcp", addr)
-		})); err != nil {
-		return nil, fmt.Errorf("creating control plane client: %w", err)
+		}))...)
+	if err != nil {
+		return fmt.Errorf("creating control plane client: %w", err)
 	}
-	cp.client = pb.NewTableServiceClient(cp.conn)
-	return cp, nil
+	cp.conn, cp.client = conn, pb.NewTableServiceClient(conn)
+	return nil
 }
+
+// readerToken sends a reader's bearer token, over TLS only.
+type readerToken string
+
+// GetRequestMetadata returns the authorization header.
+func (t readerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+// RequireTransportSecurity is true: the admin's token is never sent in
+// plaintext.
+func (readerToken) RequireTransportSecurity() bool { return true }
 
 // listsFlag reports whether binary --help mentions flag.
 func listsFlag(ctx context.Context, binary, flag string) (bool, error) {
@@ -142,7 +205,9 @@ func (cp *controlPlane) close() {
 	if cp.proc != nil && cp.proc.running() {
 		_ = cp.proc.stop()
 	}
-	_ = cp.conn.Close()
+	if cp.conn != nil {
+		_ = cp.conn.Close()
+	}
 }
 
 // current reports how many of versions' nodes are connected to the

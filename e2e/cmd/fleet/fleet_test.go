@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,12 +12,14 @@ import (
 	"github.com/proxyplane/proxyplane/e2e/cluster"
 )
 
-// TestFleetSmoke runs a tiny fleet end to end with the real binaries: 20
-// agents, 60 Services, 10 changes, 5 rounds of the gRPC floor, 3
-// informer sets. It asserts what must hold at any size (every table
-// valid, every change ACKed by every agent that must see it, nothing
-// resent after a restart, every floor client replying in every round)
-// and logs the table; timings are printed, never asserted.
+// TestFleetSmoke runs a tiny fleet end to end with the real binaries, in
+// both modes (insecure: plaintext and no tokens; secure: TLS from the
+// control plane's bootstrapped CA and a bound token per agent, reviewed on
+// every connect): 20 agents, 60 Services, 10 changes, 5 rounds of the gRPC
+// floor, 3 informer sets. It asserts what must hold at any size (every
+// table valid, every change ACKed by every agent that must see it,
+// nothing resent after a restart, every floor client replying in every
+// round) and logs the table; timings are printed, never asserted.
 func TestFleetSmoke(t *testing.T) {
 	apiserver := cluster.RequireBinary(t)
 	cp, err := findControlPlane()
@@ -26,8 +29,19 @@ func TestFleetSmoke(t *testing.T) {
 	if err != nil {
 		t.Skipf("controlplane is not built (%v): run `make build`, or `make e2e` to build and run everything", err)
 	}
-	o := newOptions()
-	o.APIServer, o.ControlPlane, o.Dir = apiserver, cp, t.TempDir()
+	for _, secure := range []bool{false, true} {
+		name := map[bool]string{false: "insecure", true: "secure"}[secure]
+		t.Run(name, func(t *testing.T) {
+			o := newOptions()
+			o.APIServer, o.ControlPlane, o.Dir, o.Secure = apiserver, cp, t.TempDir(), secure
+			smoke(t, o)
+		})
+	}
+}
+
+// smoke runs o at the smoke test's sizes and checks the run.
+func smoke(t *testing.T, o *Options) {
+	t.Helper()
 	o.Nodes, o.Services, o.Changes = 20, 60, 10
 	// Every class changes at least once: 2 hinted and 1 or 2 eTP Local.
 	o.HintedPercent, o.LocalPercent = 20, 10
@@ -50,6 +64,17 @@ func TestFleetSmoke(t *testing.T) {
 	printTable(&out, res)
 	t.Logf("figures:\n%s", out.String())
 
+	if res.Secure != o.Secure {
+		t.Errorf("the run's mode is secure=%t, want %t", res.Secure, o.Secure)
+	}
+	if o.Secure {
+		if slices.Contains(res.ControlPlaneArgs, "--insecure") {
+			t.Errorf("a secure run passed --insecure: %v", res.ControlPlaneArgs)
+		}
+		if id := res.Identities; id == nil || id.TokenBytes == 0 {
+			t.Errorf("a secure run without identity figures: %+v", id)
+		}
+	}
 	ck := res.Checks
 	if ck.ValidAgents != o.Nodes {
 		t.Errorf("%d of %d agents hold a valid table after the cold start", ck.ValidAgents, o.Nodes)

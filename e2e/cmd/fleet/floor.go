@@ -158,6 +158,9 @@ func floorRows(t *table, r *Results) {
 	t.row("gRPC floor", "clients' process CPU per round; per client",
 		fmt.Sprintf("%s; %s", us(float64(f.CPU[pFloorClients])/rounds), us(float64(f.CPU[pFloorClients])/rounds/float64(max(f.Clients, 1)))))
 	t.row("gRPC floor", "rounds started late; client-round replies missing; server heap", fmt.Sprintf("%d; %d; %s", f.Late, f.Missing, mib(f.ServerHeap)))
+	if r.Secure {
+		t.row("gRPC floor", "transport", "plaintext, unlike the control plane's run: the ratio below includes TLS records")
+	}
 	if !r.OnlyFloor {
 		t.row("ratio", "CPU per change: control plane per agent reached / gRPC floor per client", "**"+ratio(cpPerAgentReached(r.Steady), perClient)+"**")
 	}

@@ -28,6 +28,15 @@
 //     stopped: the API server's CPU and bytes for their initial sync and
 //     per change.
 //
+// With --secure, the run is production's: the harness creates the
+// namespace proxyplane-system, the agents' ServiceAccount, a Pod per node
+// (Pending: nothing runs it) and a token bound to each (audience
+// proxyplane, as the kubelet projects it); the control plane runs without
+// --insecure, bootstraps its CA and serves TLS; the agents verify it
+// against the published bundle and send their tokens, which it reviews.
+// Without it, the control plane runs with --insecure. The table's header
+// names the mode.
+//
 // For each: the CPU of every process (control plane, API server with its
 // etcd, agents, peer, this harness: they share the machine's cores), the
 // control plane's peak and steady RSS and heap, and bytes sent. Run it

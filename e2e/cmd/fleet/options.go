@@ -48,6 +48,10 @@ type Options struct {
 	PhaseTimeout time.Duration
 	// ControlPlaneArgs are passed to the control plane as they are.
 	ControlPlaneArgs []string
+	// Secure runs the control plane as production does (TLS from its
+	// bootstrapped CA, agents' ServiceAccount tokens reviewed), with a
+	// Pod and a bound token per node; otherwise it runs with --insecure.
+	Secure bool
 	// Seed makes the world and the changes reproducible.
 	Seed uint64
 	// JSON is where the raw figures go; empty means Dir/fleet.json.
@@ -77,7 +81,10 @@ func newOptions() *Options {
 		// Twice the cores.
 		Decoders:     4,
 		PhaseTimeout: 10 * time.Minute,
-		Seed:         1,
+		// Insecure for now, so that existing runs compare with earlier
+		// ones; --secure measures what production pays for TLS and tokens.
+		Secure: false,
+		Seed:   1,
 	}
 }
 
@@ -106,6 +113,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses the agents decode at once.")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "Bound on each phase's wait.")
 	fs.StringArrayVar(&o.ControlPlaneArgs, "controlplane-arg", o.ControlPlaneArgs, "Extra control plane flag, as --controlplane-arg=--log-level=warn (repeatable).")
+	fs.BoolVar(&o.Secure, "secure", o.Secure, "Run as production does: TLS from the control plane's bootstrapped CA and a bound ServiceAccount token per agent, reviewed by the control plane (default: --insecure).")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "Seed of the world and the changes.")
 	fs.StringVar(&o.JSON, "json", o.JSON, "Where to write the raw figures (default: <dir>/fleet.json).")
 }
@@ -138,6 +146,9 @@ func (o *Options) Validate() error {
 	}
 	if (o.Floor || o.OnlyFloor) && o.FloorRounds < 1 {
 		errs = append(errs, errors.New("--floor-rounds must be at least 1 (or --floor=false)"))
+	}
+	if o.OnlyFloor && o.Secure {
+		errs = append(errs, errors.New("--secure: the gRPC floor alone (--only-floor) runs no control plane"))
 	}
 	if o.Workers < 1 || o.Clients < 1 || o.Decoders < 1 {
 		errs = append(errs, errors.New("--workers, --clients and --decoders must be at least 1"))

@@ -33,6 +33,10 @@ func (h *harness) coldStart(ctx context.Context) error {
 	if err := procfs.ResetPeak(h.cp.pid()); err != nil {
 		return err
 	}
+	reviews0, err := h.reviews(ctx)
+	if err != nil {
+		return err
+	}
 	heap := sampleHeap(ctx, h.cp)
 	cpu0 := h.m.cpu()
 	if err := post(ctx, fmt.Sprintf("%s/start?spread=%s", h.agentsURL, h.o.Spread)); err != nil {
@@ -55,7 +59,8 @@ func (h *harness) coldStart(ctx context.Context) error {
 	}
 	f.AllValid = time.Duration(rep.FirstAckMax - rep.Started)
 	log.Printf("every agent valid %v after start", f.AllValid.Round(time.Millisecond))
-	return nil
+	f.Reviews, err = h.reviewsSince(ctx, reviews0)
+	return err
 }
 
 // idle measures the control plane's CPU while nothing changes.
@@ -84,6 +89,10 @@ func (h *harness) steady(ctx context.Context) error {
 		return err
 	}
 	if err := procfs.ResetPeak(h.cp.pid()); err != nil {
+		return err
+	}
+	reviews0, err := h.reviews(ctx)
+	if err != nil {
 		return err
 	}
 	heap := sampleHeap(ctx, h.cp)
@@ -120,7 +129,8 @@ func (h *harness) steady(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w (%d change-agent pairs missing)", err, h.res.Checks.Missing)
 	}
-	return nil
+	f.Reviews, err = h.reviewsSince(ctx, reviews0)
+	return err
 }
 
 // changeFigures matches the agents' reports to the changes made.
@@ -167,6 +177,10 @@ func (h *harness) restart(ctx context.Context) error {
 		return err
 	}
 	before := rep
+	reviews0, err := h.reviews(ctx)
+	if err != nil {
+		return err
+	}
 	oldPid := h.cp.pid()
 	oldCPU, err := procfs.CPU(oldPid)
 	if err != nil {
@@ -225,6 +239,9 @@ func (h *harness) restart(ctx context.Context) error {
 	f.Current = lastCurrent.Sub(tTerm)
 	f.CurrentAfterReady = lastCurrent.Sub(tReady)
 	log.Printf("every agent current %v after SIGTERM, %d table bytes resent", f.Current.Round(time.Millisecond), h.res.Checks.RestartTableBytes)
+	if f.Reviews, err = h.reviewsSince(ctx, reviews0); err != nil {
+		return err
+	}
 	return h.finishAgents(ctx)
 }
 

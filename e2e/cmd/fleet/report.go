@@ -12,7 +12,7 @@ import (
 // value.
 func printTable(w io.Writer, r *Results) {
 	t := &table{w: w}
-	t.head()
+	t.head(mode(r))
 	m, s := r.Machine, r.Sizes
 	t.row("machine", "cores, CPU, memory", fmt.Sprintf("%d x %s, %s", m.Cores, m.CPU, mib(m.MemTotal)))
 	t.row("machine", "kernel, Go, load average (start / end)", fmt.Sprintf("%s, %s, %s / %s", m.Kernel, m.Go, m.Load[0], m.Load[1]))
@@ -26,8 +26,15 @@ func printTable(w io.Writer, r *Results) {
 	t.row("sizes", "changes, pace; peer sets, peer changes", fmt.Sprintf("%d, %v; %d, %d", s.Changes, s.Pace, s.PeerSets, s.PeerChanges))
 	t.row("sizes", "control plane flags", "`"+strings.Join(redactKubeconfig(r.ControlPlaneArgs), " ")+"`")
 	t.row("setup", "create Nodes, Services, EndpointSlices", dur(r.Create))
+	if id := r.Identities; id != nil {
+		t.row("setup", "create agent Pods; request their tokens (bound, 1 h)", fmt.Sprintf("%s; %s", dur(id.Pods), dur(id.Tokens)))
+		t.row("setup", "tokens: total; per agent", fmt.Sprintf("%s; %.0f B", kib(float64(id.TokenBytes)), float64(id.TokenBytes)/float64(max(s.Nodes, 1))))
+	}
 	t.row("start", "control plane start to ready; CPU", fmt.Sprintf("%s; %s", dur(r.Start.Ready), dur(r.Start.CPU[pControlPlane])))
 	t.row("start", "control plane RSS; heap", fmt.Sprintf("%s; %s", mib(r.Start.Mem.RSS), mib(r.Start.Mem.Heap)))
+	if id := r.Identities; id != nil {
+		t.row("start", "ready to CA bundle read from ConfigMap proxyplane-ca", dur(id.CAPublished))
+	}
 
 	c := r.Cold
 	n := float64(max(s.Nodes, 1))
@@ -39,6 +46,7 @@ func printTable(w io.Writer, r *Results) {
 	t.row("cold start", "snapshots, deltas, NACKs, reconnects", fmt.Sprintf("%d, %d, %d, %d", c.Agents.Snapshots, c.Agents.Deltas, c.Agents.Nacks, c.Agents.Reconnects))
 	t.row("cold start", cpuLabel, cpuOthers(c.CPU))
 	t.row("cold start", "agents' shared tables (live tables / buckets); agents' heap", fmt.Sprintf("%d / %d; %s", c.Tables.Live, c.Tables.LiveBuckets, mib(c.AgentsHeap)))
+	reviewRow(t, "cold start", c.Reviews)
 	t.row("idle", "control plane CPU per second, agents connected", dur(r.Idle))
 
 	st := r.Steady
@@ -69,6 +77,7 @@ func printTable(w io.Writer, r *Results) {
 	t.row("steady", "control plane heap steady / peak (sampled)", fmt.Sprintf("%s / %s", mib(st.Mem.Heap), mib(st.Mem.PeakHeap)))
 	t.row("steady", "API server CPU per change (control plane its only watcher)", dur(perChange(st.CPU[pAPIServer])))
 	t.row("steady", cpuLabel+", per change", cpuOthers(perChangeAll(st.CPU, nc)))
+	reviewRow(t, "steady", st.Reviews)
 
 	rs := r.Restart
 	t.row("restart", "SIGTERM to exit; new process start to ready", fmt.Sprintf("%s; %s", dur(rs.Stop), dur(rs.Ready)))
@@ -79,6 +88,7 @@ func printTable(w io.Writer, r *Results) {
 	t.row("restart", "old control plane CPU, SIGTERM to exit", dur(rs.OldCPU))
 	t.row("restart", "new control plane peak RSS; heap", fmt.Sprintf("%s; %s", mib(rs.Mem.PeakRSS), mib(rs.Mem.Heap)))
 	t.row("restart", cpuLabel, cpuOthers(rs.CPU))
+	reviewRow(t, "restart", rs.Reviews)
 	floorRows(t, r)
 
 	if p := r.Peer; p != nil {
@@ -119,6 +129,13 @@ func printTable(w io.Writer, r *Results) {
 	_, _ = fmt.Fprintln(w)
 }
 
+// reviewRow shows the reviews of a phase of a --secure run.
+func reviewRow(t *table, phase string, r *reviewCounts) {
+	if r != nil {
+		t.row(phase, "TokenReviews; SubjectAccessReviews (API server's count)", fmt.Sprintf("%d; %d", r.Token, r.Access))
+	}
+}
+
 // cpPerAgentReached is the steady phase's control plane CPU per change
 // per agent reached, in nanoseconds: the figure the peer and the gRPC
 // floor are compared with.
@@ -148,9 +165,23 @@ func perChangeAll(cpu map[string]time.Duration, n int) map[string]time.Duration 
 
 type table struct{ w io.Writer }
 
-func (t *table) head() {
-	_, _ = fmt.Fprintln(t.w, "| phase | figure | value |")
+// head writes the header; the value column names the mode that ran, so
+// that a table pasted alone still says what it measured.
+func (t *table) head(mode string) {
+	_, _ = fmt.Fprintf(t.w, "| phase | figure | value (%s) |\n", mode)
 	_, _ = fmt.Fprintln(t.w, "|---|---|---|")
+}
+
+// mode names how the control plane and its clients talked.
+func mode(r *Results) string {
+	switch {
+	case r.OnlyFloor:
+		return "gRPC floor only, plaintext"
+	case r.Secure:
+		return "TLS + tokens"
+	default:
+		return "insecure: plaintext, no tokens"
+	}
 }
 
 func (t *table) row(phase, figure, value string) {

@@ -15,6 +15,10 @@ type Results struct {
 	ControlPlaneArgs []string `json:"controlPlaneArgs"`
 	// Create is how long creating the world took.
 	Create time.Duration `json:"create"`
+	// Secure: the run used TLS and agents' tokens (--secure); Identities
+	// are the figures of their setup, nil without.
+	Secure     bool             `json:"secure"`
+	Identities *identityFigures `json:"identities,omitempty"`
 	// Start is the control plane's first start: process start to ready
 	// (informers synced, first world published).
 	Start startFigures `json:"start"`
@@ -65,6 +69,8 @@ type coldFigures struct {
 	Agents     contract.Counters   `json:"agents"`
 	Tables     contract.TableStats `json:"tables"`
 	AgentsHeap uint64              `json:"agentsHeap"`
+	// Reviews the control plane asked for (--secure only).
+	Reviews *reviewCounts `json:"reviews,omitempty"`
 }
 
 type steadyFigures struct {
@@ -76,6 +82,8 @@ type steadyFigures struct {
 	// CPU measurement's (until the harness saw every ACK).
 	Duration time.Duration `json:"duration"`
 	Window   time.Duration `json:"window"`
+	// Reviews the control plane asked for (--secure only).
+	Reviews *reviewCounts `json:"reviews,omitempty"`
 }
 
 // changeFig is one change and what the agents saw of it.
@@ -99,6 +107,9 @@ type restartFigures struct {
 	CPU    map[string]time.Duration `json:"cpu"`
 	Mem    memFigures               `json:"mem"`
 	Agents contract.Counters        `json:"agents"`
+	// Reviews the new control plane asked for (--secure only): with
+	// empty caches, one TokenReview per agent.
+	Reviews *reviewCounts `json:"reviews,omitempty"`
 }
 
 type peerFigures struct {

@@ -31,6 +31,8 @@ type harness struct {
 	ch      *changer
 	cp      *controlPlane
 	agents  *proc
+	// creds are the agents' CA bundle and tokens; nil in plaintext.
+	creds *agentCredentials
 	// agentsURL is the agents' process's control endpoint.
 	agentsURL string
 	// trackAfter: the agents track trigger times after it.
@@ -148,20 +150,36 @@ func (h *harness) setup(ctx context.Context) error {
 		return err
 	}
 	h.res.Create = time.Since(t0)
+	h.res.Secure = o.Secure
+	if o.Secure {
+		if err := h.setupSecure(ctx); err != nil {
+			return err
+		}
+	}
 
-	if h.cp, err = newControlPlane(ctx, o.ControlPlane, c.AdminKubeconfig(), o.Dir, o.ControlPlaneArgs); err != nil {
+	if h.cp, err = newControlPlane(ctx, controlPlaneConfig{
+		Binary: o.ControlPlane, Kubeconfig: c.AdminKubeconfig(), Dir: o.Dir, Secure: o.Secure, Extra: o.ControlPlaneArgs,
+	}); err != nil {
 		return err
 	}
 	h.res.ControlPlaneArgs = h.cp.args
 	if err := h.startControlPlane(ctx); err != nil {
 		return err
 	}
+	if o.Secure {
+		err = h.connectSecure(ctx, cfg.BearerToken)
+	} else {
+		err = h.cp.connect(nil, "")
+	}
+	if err != nil {
+		return err
+	}
 	h.trackAfter = time.Now()
-	h.agents, h.agentsURL, err = startChild(ctx, roleAgents, []string{
+	h.agents, h.agentsURL, err = startChild(ctx, roleAgents, append([]string{
 		"--address=" + h.cp.grpcAddr, fmt.Sprintf("--nodes=%d", o.Nodes), "--node-prefix=" + nodePrefix,
 		fmt.Sprintf("--track-after=%d", h.trackAfter.UnixNano()), fmt.Sprintf("--decoders=%d", o.Decoders),
 		fmt.Sprintf("--max-changes=%d", o.Changes+o.PeerChanges+16),
-	}, filepath.Join(o.Dir, "agents.log"))
+	}, h.creds.agentArgs()...), filepath.Join(o.Dir, "agents.log"))
 	if err != nil {
 		return err
 	}

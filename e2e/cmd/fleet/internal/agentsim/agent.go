@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -82,12 +81,10 @@ func (a *agent) run(ctx context.Context) {
 // held up by it as a real agent's kernel sync would hold them.
 func (a *agent) session(ctx context.Context) error {
 	o := a.f.opts
-	conn, err := grpc.NewClient(o.Address, append(client.TransportOptions(o.MaxRecvMessageBytes),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// Counts the bytes the control plane sends, and dials from the
-		// agent's own loopback address (sourceAddr).
-		grpc.WithContextDialer(a.dial),
-	)...)
+	opts := append(client.TransportOptions(o.MaxRecvMessageBytes), a.f.creds.dialOptions(a.idx)...)
+	// Counts the bytes the control plane sends (TLS records, when TLS is
+	// on), and dials from the agent's own loopback address (sourceAddr).
+	conn, err := grpc.NewClient(o.Address, append(opts, grpc.WithContextDialer(a.dial))...)
 	if err != nil {
 		return fmt.Errorf("dialing %s: %w", o.Address, err)
 	}

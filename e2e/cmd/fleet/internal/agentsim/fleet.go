@@ -1,5 +1,6 @@
 // Package agentsim runs many simulated node agents in one process, each
-// with its own gRPC connection to the control plane, as the fleet
+// with its own gRPC connection to the control plane (plaintext, or TLS
+// with its own bearer token, as nodeagent/client dials), as the fleet
 // harness's agents' process. An agent says hello as nodeagent/client
 // does, decodes every response into the generated types, validates it
 // with the agent's own code (nodeagent/proxytable), ACKs or NACKs it, and
@@ -49,6 +50,11 @@ type Options struct {
 	// Lifetime bounds the process: it exits after this long whatever
 	// happens.
 	Lifetime time.Duration
+	// CAFile, when set, makes the agents dial with TLS, trusting only
+	// this PEM bundle and expecting ServerName, and send the tokens of
+	// TokenFile (one line per agent, in agent order) as bearer tokens;
+	// unset, they dial in plaintext and send none.
+	CAFile, ServerName, TokenFile string
 }
 
 // NewOptions returns the defaults, nodeagent's where they are its.
@@ -79,6 +85,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxRecvMessageBytes, "max-recv-message-bytes", o.MaxRecvMessageBytes, "Largest response accepted (nodeagent's).")
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses decoded and processed at once.")
 	fs.DurationVar(&o.Lifetime, "lifetime", o.Lifetime, "Exit after this long in any case.")
+	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "Dial with TLS trusting only this PEM bundle (default: plaintext, no tokens).")
+	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "Name the control plane's certificate must carry (with --ca-file).")
+	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "Bearer tokens, one line per agent in agent order (with --ca-file).")
 }
 
 // Validate reports every invalid option at once.
@@ -97,6 +106,12 @@ func (o *Options) Validate() error {
 	if o.BackoffMin <= 0 || o.BackoffMax < o.BackoffMin || o.SilenceTimeout <= 0 || o.Lifetime <= 0 {
 		errs = append(errs, errors.New("--backoff-min, --silence-timeout and --lifetime must be positive, --backoff-max at least --backoff-min"))
 	}
+	if o.CAFile != "" && (o.ServerName == "" || o.TokenFile == "") {
+		errs = append(errs, errors.New("--ca-file needs --server-name and --token-file"))
+	}
+	if o.CAFile == "" && (o.ServerName != "" || o.TokenFile != "") {
+		errs = append(errs, errors.New("--server-name and --token-file need --ca-file: plaintext sends no token"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -107,6 +122,7 @@ type fleet struct {
 	slots    chan struct{}
 	interner *hashtable.Interner
 	tracker  *tracker
+	creds    *credentialSet
 	started  atomic.Int64
 
 	counters struct {
@@ -118,9 +134,10 @@ type fleet struct {
 	ends       map[string]uint64
 }
 
-func newFleet(o *Options) *fleet {
+func newFleet(o *Options, creds *credentialSet) *fleet {
 	f := &fleet{
 		opts:     o,
+		creds:    creds,
 		slots:    make(chan struct{}, o.Decoders),
 		interner: hashtable.NewInterner(),
 		tracker:  newTracker(o.TrackAfter, o.Nodes, o.MaxChanges),

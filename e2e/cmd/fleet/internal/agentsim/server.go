@@ -36,7 +36,11 @@ func Main(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.Lifetime)
 	defer cancel()
-	f := newFleet(o)
+	creds, err := loadCredentials(o)
+	if err != nil {
+		return err
+	}
+	f := newFleet(o, creds)
 	return serve(ctx, stdout, f.handler(ctx))
 }
 
