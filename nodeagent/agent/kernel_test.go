@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
@@ -128,7 +127,8 @@ func runAgent(t *testing.T, topo *nstest.Topology, cachePath, controlPlane strin
 	go func() {
 		_ = client.Run(ctx, client.Options{
 			Addresses: []string{controlPlane}, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
-			DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
+			// The fake control plane serves plaintext.
+			Credentials: client.Credentials{Insecure: true},
 			BackoffMin:  50 * time.Millisecond, BackoffMax: 500 * time.Millisecond,
 			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
 		}, a, log)
