@@ -2,15 +2,23 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/table"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -129,5 +137,58 @@ func TestCurrentAgentsHashesStayEncoded(t *testing.T) {
 	stale := open(hello("0123456789abcdef"))
 	if err := stale.RecvMsg(new([]byte)); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("stale agent with undecodable hashes: %v, want InvalidArgument", err)
+	}
+}
+
+// countingStream counts the messages a handler receives.
+type countingStream struct {
+	grpc.ServerStream
+	n *atomic.Int64
+}
+
+func (s countingStream) RecvMsg(m any) error {
+	s.n.Add(1)
+	return s.ServerStream.RecvMsg(m)
+}
+
+// TestHellosWaitForTheFirstWorld checks that a replica still syncing its
+// informers reads no hello: agents that reconnect to it at once would
+// otherwise each have their hello, a hash per Service, held in memory
+// until the first world exists.
+func TestHellosWaitForTheFirstWorld(t *testing.T) {
+	store := table.NewStore(100)
+	var received atomic.Int64
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer(append(GRPCOptions(), grpc.StreamInterceptor(
+		func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			return handler(srv, countingStream{ss, &received})
+		}))...)
+	New(store, Options{}, slog.New(slog.DiscardHandler)).Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	client := pb.NewTableServiceClient(conn)
+
+	var agents []*agent
+	for i := range 3 {
+		agents = append(agents, connect(t, client, &pb.Hello{NodeName: fmt.Sprintf("node-%d", i), EntryHashes: map[string]uint64{"default/a": 1}}))
+	}
+	// The hellos are on the wire; give the handlers a moment to (wrongly)
+	// read them.
+	time.Sleep(200 * time.Millisecond)
+	if n := received.Load(); n != 0 {
+		t.Fatalf("%d messages read before the first world, want none", n)
+	}
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 1, 1)})
+	for _, a := range agents {
+		if r := a.recv(); r.GetSnapshot() == nil {
+			t.Fatalf("%s got %v after the first world, want a snapshot", a.node, r)
+		}
 	}
 }

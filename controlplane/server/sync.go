@@ -28,11 +28,15 @@ type syncStream = grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 func (s *Server) Sync(stream syncStream) (err error) {
 	ctx, cancel := s.streamContext(stream.Context())
 	defer cancel(nil)
-	// Admission comes first, before even the hello is read: a stream that
-	// waits its turn holds at most its flow-control window of the hello
-	// (64 KiB), not the hello's hash of every entry (400 KB at 10,000
-	// Services) times every agent reconnecting at once. Callers are
-	// authenticated by now (interceptors), so only agents take turns.
+	// The first world and admission come first, before even the hello is
+	// read: a stream that waits holds at most its flow-control window of
+	// the hello (64 KiB), not the hello's hash of every entry (400 KB at
+	// 10,000 Services) times every agent that reconnects to a replica
+	// still syncing its informers. Callers are authenticated by now
+	// (interceptors), so only agents take turns.
+	if _, err := s.world(ctx); err != nil {
+		return err
+	}
 	if err := s.admit.Wait(ctx); err != nil {
 		metrics.StreamsClosedTotal.WithLabelValues("admission").Inc()
 		return status.FromContextError(err).Err()
@@ -52,9 +56,6 @@ func (s *Server) Sync(stream syncStream) (err error) {
 			}
 			return status.Errorf(codes.PermissionDenied, "node %q: %v", node, err)
 		}
-	}
-	if _, err := s.world(ctx); err != nil {
-		return err
 	}
 	sub := s.store.Subscribe()
 	defer sub.Close()
