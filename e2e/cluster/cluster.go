@@ -374,14 +374,24 @@ func BinaryPath() (string, error) {
 		}
 		return p, nil
 	}
+	p, err := FindBin("e2e-apiserver")
+	if err != nil {
+		return "", fmt.Errorf("%w ($%s unset)", err, BinaryEnv)
+	}
+	return p, nil
+}
+
+// FindBin returns .bin/name in the nearest directory above the working
+// directory that has one: where `make` puts the binaries.
+func FindBin(name string) (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
-		return "", fmt.Errorf("finding e2e-apiserver: %w", err)
+		return "", fmt.Errorf("finding %s: %w", name, err)
 	}
 	// The repository is a few levels up at most; the bound only stops the
 	// walk at the filesystem root.
 	for range 64 {
-		p := filepath.Join(dir, ".bin", "e2e-apiserver")
+		p := filepath.Join(dir, ".bin", name)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
@@ -391,7 +401,7 @@ func BinaryPath() (string, error) {
 		}
 		dir = parent
 	}
-	return "", fmt.Errorf("no .bin/e2e-apiserver above the working directory and $%s unset: %w", BinaryEnv, fs.ErrNotExist)
+	return "", fmt.Errorf("no .bin/%s above the working directory: %w", name, fs.ErrNotExist)
 }
 
 // RequireBinary returns BinaryPath, or skips tb with how to build it.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 
 	"fmt"
-	"io/fs"
 	"log"
 	"os"
 	"path/filepath"
@@ -288,24 +287,11 @@ func findControlPlane() (string, error) {
 	if d := os.Getenv(binDirEnv); d != "" {
 		return filepath.Join(d, "controlplane"), nil
 	}
-	dir, err := os.Getwd()
+	p, err := cluster.FindBin("controlplane")
 	if err != nil {
-		return "", fmt.Errorf("finding controlplane: %w", err)
+		return "", fmt.Errorf("%w ($%s unset; make build)", err, binDirEnv)
 	}
-	// The repository is a few levels up at most; the bound only stops the
-	// walk at the root.
-	for range 64 {
-		p := filepath.Join(dir, ".bin", "controlplane")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			break
-		}
-		dir = parent
-	}
-	return "", fmt.Errorf("no .bin/controlplane above the working directory and $%s unset (make build): %w", binDirEnv, fs.ErrNotExist)
+	return p, nil
 }
 
 func writeJSON(path string, v any) error {
