@@ -2,7 +2,6 @@ package agentsim
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -41,32 +40,11 @@ func Main(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	f := newFleet(o, creds)
-	return serve(ctx, stdout, f.handler(ctx))
-}
-
-// serve listens on 127.0.0.1, prints the ready line and serves h until
-// ctx ends.
-func serve(ctx context.Context, stdout io.Writer, h http.Handler) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	if err := json.NewEncoder(stdout).Encode(contract.Ready{Control: ln.Addr().String()}); err != nil {
-		_ = ln.Close()
-		return fmt.Errorf("writing ready line: %w", err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving control endpoint: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer scancel()
-	_ = srv.Shutdown(sctx)
-	return nil
+	return contract.Serve(ctx, stdout, ln, f.handler(ctx))
 }
 
 // handler serves the control endpoint; agents run under ctx.
@@ -88,9 +66,7 @@ func (f *fleet) handler(ctx context.Context) http.Handler {
 	mux.HandleFunc("GET /report", func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		since, _ := strconv.ParseInt(q.Get("since"), 10, 64)
-		rep := f.report(since, q.Get("bitmaps") == "1", q.Get("versions") == "1")
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(rep)
+		contract.WriteJSON(w, f.report(since, q.Get("bitmaps") == "1", q.Get("versions") == "1"))
 	})
 	return mux
 }

@@ -1,7 +1,7 @@
 // Package contract is what the fleet harness and its child processes (the
-// simulated agents and the peer's informer sets) agree on: node names, the
-// ready line a child prints, and the JSON reports it serves on its local
-// control endpoint.
+// simulated agents, the peer's informer sets and the gRPC floor) agree
+// on: node names, the ready line a child prints, the local control
+// endpoint it serves, and the JSON reports it serves there.
 package contract
 
 import "fmt"

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 )
@@ -104,8 +105,8 @@ func ClientsMain(ctx context.Context, args []string, stdout io.Writer) error {
 		go c.run(ctx, i)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, c.report()) })
-	return serve(ctx, stdout, ln, mux)
+	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) { contract.WriteJSON(w, c.report()) })
+	return contract.Serve(ctx, stdout, ln, mux)
 }
 
 // clients is what the clients share.

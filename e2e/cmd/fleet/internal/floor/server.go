@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	cpserver "github.com/proxyplane/proxyplane/controlplane/server"
+	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
 )
 
@@ -100,7 +101,7 @@ func ServerMain(ctx context.Context, args []string, stdout io.Writer) error {
 	gs.RegisterService(&serviceDesc, s)
 	go func() { _ = gs.Serve(grpcLn) }()
 	defer gs.Stop()
-	return serve(ctx, stdout, ctlLn, s.handler(ctx))
+	return contract.Serve(ctx, stdout, ctlLn, s.handler(ctx))
 }
 
 // server is the floor's gRPC service and its rounds.
@@ -368,7 +369,7 @@ func (s *server) handler(ctx context.Context) http.Handler {
 				t.Stop()
 			}
 		}
-		writeJSON(w, s.report())
+		contract.WriteJSON(w, s.report())
 	})
 	return mux
 }

@@ -2,7 +2,6 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -43,27 +42,9 @@ func Main(ctx context.Context, args []string, stdout io.Writer) error {
 		return fmt.Errorf("listening: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(p.report())
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.HandleFunc("GET /report", func(w http.ResponseWriter, _ *http.Request) { contract.WriteJSON(w, p.report()) })
 	go p.startAll(ctx)
-	if err := json.NewEncoder(stdout).Encode(contract.Ready{Control: ln.Addr().String()}); err != nil {
-		_ = ln.Close()
-		return fmt.Errorf("writing ready line: %w", err)
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving control endpoint: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer scancel()
-	_ = srv.Shutdown(sctx)
-	return nil
+	return contract.Serve(ctx, stdout, ln, mux)
 }
 
 func (p *peer) startAll(ctx context.Context) {

@@ -1,4 +1,4 @@
-package floor
+package contract
 
 import (
 	"context"
@@ -8,14 +8,13 @@ import (
 	"net"
 	"net/http"
 	"time"
-
-	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
 )
 
-// serve prints the ready line for ln, then serves h on it until ctx ends.
-func serve(ctx context.Context, stdout io.Writer, ln net.Listener, h http.Handler) error {
+// Serve prints the ready line for ln on stdout, then serves h on ln until
+// ctx ends: the control endpoint every child process runs.
+func Serve(ctx context.Context, stdout io.Writer, ln net.Listener, h http.Handler) error {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	if err := json.NewEncoder(stdout).Encode(contract.Ready{Control: ln.Addr().String()}); err != nil {
+	if err := json.NewEncoder(stdout).Encode(Ready{Control: ln.Addr().String()}); err != nil {
 		_ = ln.Close()
 		return fmt.Errorf("writing ready line: %w", err)
 	}
@@ -32,7 +31,8 @@ func serve(ctx context.Context, stdout io.Writer, ln net.Listener, h http.Handle
 	return nil
 }
 
-func writeJSON(w http.ResponseWriter, v any) {
+// WriteJSON answers a control request with v.
+func WriteJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
 }
