@@ -96,9 +96,16 @@ func lastBytesField(b []byte) ([]byte, int) {
 }
 
 // splitField splits message b into its fields other than num and the
-// fields num, each still encoded as fields of the same message.
+// fields num, each still encoded as fields of the same message. When the
+// fields num are contiguous, as a map's entries are when proto marshals
+// them, only is a slice of b rather than a copy: a hello's entry hashes
+// are most of its bytes.
 func splitField(b []byte, num protowire.Number) (rest, only []byte, err error) {
-	for len(b) > 0 {
+	whole := b
+	start, end := -1, -1 // the fields num, while contiguous, are whole[start:end]
+	var copied []byte    // or, once they are not, a copy of them
+	for off := 0; off < len(whole); {
+		b = whole[off:]
 		n, typ, tagLen := protowire.ConsumeTag(b)
 		if tagLen < 0 {
 			return nil, nil, protowire.ParseError(tagLen)
@@ -107,12 +114,26 @@ func splitField(b []byte, num protowire.Number) (rest, only []byte, err error) {
 		if valLen < 0 {
 			return nil, nil, protowire.ParseError(valLen)
 		}
-		if n == num {
-			only = append(only, b[:tagLen+valLen]...)
-		} else {
-			rest = append(rest, b[:tagLen+valLen]...)
+		field := b[:tagLen+valLen]
+		switch {
+		case n != num:
+			rest = append(rest, field...)
+		case copied != nil:
+			copied = append(copied, field...)
+		case start < 0:
+			start, end = off, off+len(field)
+		case off == end:
+			end += len(field)
+		default:
+			copied = append(append(copied, whole[start:end]...), field...)
 		}
-		b = b[tagLen+valLen:]
+		off += len(field)
+	}
+	switch {
+	case copied != nil:
+		only = copied
+	case start >= 0:
+		only = whole[start:end:end]
 	}
 	return rest, only, nil
 }

@@ -55,6 +55,10 @@ func TestDecodeRequest(t *testing.T) {
 		{name: "keepalive", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}),
 			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}},
 		{name: "empty", raw: nil, want: &pb.SyncRequest{}},
+		{name: "hello with its entries apart", raw: protowire.AppendBytes(protowire.AppendTag(nil, requestHelloField, protowire.BytesType),
+			append(append(mustMarshal(t, &pb.Hello{NodeName: "n", EntryHashes: map[string]uint64{"default/a": 1}}),
+				mustMarshal(t, &pb.Hello{Version: "0123456789abcdef"})...),
+				mustMarshal(t, &pb.Hello{EntryHashes: map[string]uint64{"default/b": 2}})...)), wantEntries: true},
 		{name: "hello twice, merged as proto merges", raw: append(mustMarshal(t, helloReq), mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeHash: 9}}})...)},
 		{name: "hello and ack", raw: append(mustMarshal(t, helloReq), mustMarshal(t, ack)...), wantErr: true},
 		{name: "garbage", raw: []byte{0xff, 0xff, 0xff, 0xff, 0x0f}, wantErr: true},
@@ -190,5 +194,47 @@ func TestHellosWaitForTheFirstWorld(t *testing.T) {
 		if r := a.recv(); r.GetSnapshot() == nil {
 			t.Fatalf("%s got %v after the first world, want a snapshot", a.node, r)
 		}
+	}
+}
+
+// TestHelloSlotsBoundHellos checks that streams between admission and
+// their cursor are bounded: with every slot held by a stream that has not
+// said hello, a new agent waits, and is served once a slot frees.
+func TestHelloSlotsBoundHellos(t *testing.T) {
+	store := cluster(t)
+	srv := New(store, Options{AdmissionRate: 1e6, AdmissionBurst: 1e6}, slog.New(slog.DiscardHandler))
+	client, _, _, _ := serve(t, srv)
+	var silent []context.CancelFunc
+	for range maxHellos {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		if _, err := client.Sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+		silent = append(silent, cancel)
+	}
+	eventually(t, "every hello slot held", func() bool { return len(srv.helloSlots) == maxHellos })
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	got := make(chan *pb.SyncResponse, 1)
+	go func() {
+		r, err := a.stream.Recv()
+		if err == nil {
+			got <- r
+		}
+		close(got)
+	}()
+	select {
+	case r := <-got:
+		t.Fatalf("agent served (%v) while every hello slot was held", r)
+	case <-time.After(300 * time.Millisecond):
+	}
+	silent[0]()
+	select {
+	case r := <-got:
+		if r.GetSnapshot() == nil {
+			t.Fatalf("agent got %v once a slot freed, want a snapshot", r)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("agent not served after a hello slot freed")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
@@ -36,6 +37,9 @@ type Server struct {
 	log   *slog.Logger
 	reg   *registry
 	admit *rate.Limiter // paces the start of Sync streams
+	// helloSlots bounds the Sync streams between admission and their
+	// cursor: those that hold a hello.
+	helloSlots chan struct{}
 	// stopping ends every stream when Shutdown cancels it.
 	stopping context.Context
 	shutdown context.CancelCauseFunc
@@ -45,6 +49,7 @@ type Server struct {
 func New(store *table.Store, opts Options, log *slog.Logger) *Server {
 	s := &Server{store: store, opts: opts.withDefaults(), log: log}
 	s.admit = rate.NewLimiter(rate.Limit(s.opts.AdmissionRate), s.opts.AdmissionBurst)
+	s.helloSlots = make(chan struct{}, maxHellos)
 	s.reg = newRegistry(func(node string) bool {
 		w := store.Current()
 		return w != nil && w.Known(node)
@@ -204,6 +209,17 @@ func lengthPrefix(b []byte, num protowire.Number, n int) []byte {
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendVarint(b, uint64(n))
 }
+
+// maxHellos bounds the hellos held at once: each holds a hash of every
+// entry (400 KB at 10,000 Services), so 128 are 50 MB, where a reconnect
+// of 5,000 agents held 2.2 GB. Processing a current agent's hello takes
+// well under a millisecond, so a few keep the CPU busy; 128 also leave
+// room when a client holds slots without saying hello (helloTimeout).
+const maxHellos = 128
+
+// helloTimeout bounds the wait for a hello, which an agent sends as the
+// stream opens, so that silent streams hold a hello slot briefly.
+const helloTimeout = 10 * time.Second
 
 // maxCapabilityLen bounds each string an agent reports about itself: the
 // registry keeps them while the agent is connected.

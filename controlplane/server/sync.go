@@ -41,6 +41,22 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		metrics.StreamsClosedTotal.WithLabelValues("admission").Inc()
 		return status.FromContextError(err).Err()
 	}
+	// The admission rate paces starts; the slots bound how many hellos are
+	// held at once when their processing falls behind that pace (a CPU
+	// saturated by a reconnect of every agent).
+	select {
+	case s.helloSlots <- struct{}{}:
+	case <-ctx.Done():
+		return toStatus(context.Cause(ctx))
+	}
+	inSlot := true
+	releaseSlot := func() {
+		if inSlot {
+			<-s.helloSlots
+			inSlot = false
+		}
+	}
+	defer releaseSlot()
 	in := make(chan inbound)
 	go receive(ctx, stream, in)
 
@@ -68,6 +84,7 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	if err != nil {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
 	}
+	releaseSlot()
 
 	st := s.reg.attach(node, peerAddr(ctx), hello.GetCapabilities(), cancel)
 	defer st.detach()
@@ -285,7 +302,7 @@ func nackDetail(n *pb.Nack) string {
 // awaitHello waits for the first message, which must be a valid Hello.
 // Its entry hashes come apart, encoded, to be decoded only if needed.
 func (s *Server) awaitHello(ctx context.Context, in <-chan inbound) (*pb.Hello, []byte, error) {
-	t := time.NewTimer(s.opts.KeepaliveTimeout)
+	t := time.NewTimer(min(s.opts.KeepaliveTimeout, helloTimeout))
 	defer t.Stop()
 	select {
 	case m := <-in:
