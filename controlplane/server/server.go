@@ -169,7 +169,6 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 		return err
 	}
 	sub := s.store.Subscribe()
-	defer sub.Close()
 	w, _ := sub.Take()
 	cur, err := table.NewCursor(req.GetNodeName(), w, table.Held{}, true, s.store.MaxPending())
 	if err != nil {

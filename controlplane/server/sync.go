@@ -74,7 +74,6 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		}
 	}
 	sub := s.store.Subscribe()
-	defer sub.Close()
 	w, _ := sub.Take()
 	held := table.Held{Version: hello.GetVersion(), Entries: hello.GetEntryHashes(), NodeHash: hello.GetNodeHash()}
 	if held.Entries == nil {

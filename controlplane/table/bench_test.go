@@ -245,7 +245,6 @@ func benchSubscribeAll(b *testing.B, store *Store, nodes []*compute.Node, maxPen
 	peers = make([]benchPeer, 0, len(nodes))
 	for _, n := range nodes {
 		sub := store.Subscribe()
-		b.Cleanup(sub.Close)
 		w, pend := sub.Take()
 		cur, err := NewCursor(n.Name, w, Held{}, true, maxPending)
 		if err != nil {

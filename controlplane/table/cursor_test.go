@@ -40,7 +40,6 @@ func noneInFlight(c *Cursor) bool {
 func connect(t *testing.T, s *Store, node string, held Held, deltas bool, maxPending int) *peer {
 	t.Helper()
 	sub := s.Subscribe()
-	t.Cleanup(sub.Close)
 	w, pend := sub.Take()
 	c, err := NewCursor(node, w, held, deltas, maxPending)
 	if err != nil {
@@ -651,7 +650,6 @@ func TestCursorReconnect(t *testing.T) {
 			s.Publish(services(first...), nodes(n1))
 			old := connect(t, s, "n1", Held{}, true, testMaxPending)
 			old.sync()
-			old.sub.Close()
 			heldVersion := old.agent.version
 
 			if tc.moved {
@@ -1083,7 +1081,6 @@ func TestCursorConverges(t *testing.T) {
 			if rng.IntN(25) == 0 {
 				stats.reconnects++
 				old := peers[n]
-				old.sub.Close()
 				deltas := rng.IntN(4) != 0
 				p := reconnect(t, s, n, old.agent, deltas, cursorLimit)
 				peers[n] = p

@@ -23,7 +23,6 @@ type Store struct {
 	mu    sync.Mutex // serialises Publish
 	head  atomic.Pointer[head]
 	ready chan struct{} // closed by the first Publish
-	subs  atomic.Int64
 }
 
 // head is the latest world and the crumb that stands for it.
@@ -134,20 +133,17 @@ func (s *Store) Publish(services map[string]*compute.Service, nodes map[string]*
 
 // Subscribe starts following changes for one agent. The first Take
 // returns the current world with nothing pending. Call only after Ready.
+// A subscription holds nothing the store must release: dropping it is
+// enough.
 func (s *Store) Subscribe() *Subscription {
-	s.subs.Add(1)
 	return &Subscription{store: s, at: s.head.Load().crumb}
 }
-
-// Subscribers is the number of open subscriptions.
-func (s *Store) Subscribers() int { return int(s.subs.Load()) }
 
 // Subscription follows the store's crumbs for one stream. It is owned by
 // that stream's goroutine and not safe for concurrent use.
 type Subscription struct {
-	store  *Store
-	at     *crumb // the crumb of the world last taken
-	closed bool
+	store *Store
+	at    *crumb // the crumb of the world last taken
 }
 
 // Pending is what changed since a base: the state of each changed Service
@@ -206,12 +202,4 @@ func (sub *Subscription) Take() (*World, Pending) {
 	}
 	sub.at = h.crumb
 	return h.world, p
-}
-
-// Close stops following. It is idempotent.
-func (sub *Subscription) Close() {
-	if !sub.closed {
-		sub.closed = true
-		sub.store.subs.Add(-1)
-	}
 }
