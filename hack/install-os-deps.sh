@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs the OS packages proxyplane's kernel tests, e2e tests and demo
 # need, when missing: make, git and diff for the build; iptables (legacy
-# and nft), nftables, conntrack and iproute2 for the dataplanes and the
-# network namespaces. Debian's apt; run as root.
+# and nft), nftables, ipset, conntrack and iproute2 for the dataplanes and
+# the network namespaces. Debian's apt; run as root.
 set -euo pipefail
 
 need=(make:make git:git diff:diffutils iptables-restore:iptables iptables-legacy-restore:iptables
-      conntrack:conntrack nft:nftables ip:iproute2)
+      conntrack:conntrack nft:nftables ipset:ipset ip:iproute2)
 missing=()
 for pair in "${need[@]}"; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")

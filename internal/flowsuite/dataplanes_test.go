@@ -10,6 +10,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/nftables"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // dataplaneKinds lists the dataplanes the suite runs against: each
@@ -19,8 +20,8 @@ import (
 func dataplaneKinds(t *testing.T) []dataplaneKind {
 	t.Helper()
 	var out []dataplaneKind
-	for _, b := range []iptables.Backend{iptables.BackendNFT, iptables.BackendLegacy} {
-		tool := map[iptables.Backend]string{iptables.BackendNFT: "iptables-nft-restore", iptables.BackendLegacy: "iptables-legacy-restore"}[b]
+	for _, b := range []xtables.Backend{xtables.BackendNFT, xtables.BackendLegacy} {
+		tool := map[xtables.Backend]string{xtables.BackendNFT: "iptables-nft-restore", xtables.BackendLegacy: "iptables-legacy-restore"}[b]
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Logf("%s not installed: iptables-%s not tested (apt-get install -y iptables)", tool, b)
 			continue
@@ -49,21 +50,21 @@ func dataplaneKinds(t *testing.T) []dataplaneKind {
 
 // newIPTables programs a node's namespace with both families of iptables,
 // configured as the agent's defaults would on that node.
-func newIPTables(b iptables.Backend) func(t *testing.T, tp *nstest.Topology, n *nstest.Node) dataplane.Dataplane {
+func newIPTables(b xtables.Backend) func(t *testing.T, tp *nstest.Topology, n *nstest.Node) dataplane.Dataplane {
 	return func(t *testing.T, tp *nstest.Topology, n *nstest.Node) dataplane.Dataplane {
 		t.Helper()
 		var dps []dataplane.Dataplane
-		for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		for _, fam := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 			cfg := iptables.DefaultConfig(fam)
 			cfg.Backend = b
-			cfg.LocalMode = iptables.LocalClusterCIDR
+			cfg.LocalMode = dataplane.LocalClusterCIDR
 			cfg.ClusterCIDRs = []string{clusterCIDR[0]}
-			if fam == iptables.IPv6 {
+			if fam == dataplane.IPv6 {
 				cfg.ClusterCIDRs = []string{clusterCIDR[1]}
 			}
 			cfg.NodeIPs = []string{n.IP().String(), n.IPv6().String()}
 			cfg.CommandPrefix = []string{"ip", "netns", "exec", n.NS()}
-			dp, err := iptables.New(cfg)
+			dp, err := iptables.New(cfg, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,13 +79,13 @@ func newIPTables(b iptables.Backend) func(t *testing.T, tp *nstest.Topology, n *
 func newNFTables(t *testing.T, _ *nstest.Topology, n *nstest.Node) dataplane.Dataplane {
 	t.Helper()
 	var dps []dataplane.Dataplane
-	for i, fam := range []nftables.Family{nftables.IPv4, nftables.IPv6} {
+	for i, fam := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		cfg := nftables.DefaultConfig(fam)
-		cfg.LocalMode = nftables.LocalClusterCIDR
+		cfg.LocalMode = dataplane.LocalClusterCIDR
 		cfg.ClusterCIDRs = []string{clusterCIDR[i]}
 		cfg.NodeIPs = []string{n.IP().String(), n.IPv6().String()}
 		cfg.NetNS = filepath.Join("/run/netns", n.NS())
-		dp, err := nftables.New(cfg)
+		dp, err := nftables.New(cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,15 +99,15 @@ func newNFTables(t *testing.T, _ *nstest.Topology, n *nstest.Node) dataplane.Dat
 func newIPVS(t *testing.T, _ *nstest.Topology, n *nstest.Node) dataplane.Dataplane {
 	t.Helper()
 	var dps []dataplane.Dataplane
-	for i, fam := range []ipvs.Family{ipvs.IPv4, ipvs.IPv6} {
+	for i, fam := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		cfg := ipvs.DefaultConfig(fam)
-		cfg.LocalMode = ipvs.LocalClusterCIDR
+		cfg.LocalMode = dataplane.LocalClusterCIDR
 		cfg.ClusterCIDRs = []string{clusterCIDR[i]}
 		cfg.NodeIPs = []string{n.IP().String(), n.IPv6().String()}
 		// Netlink and sysctls in the node's namespace; the tools run
 		// under nsenter.
 		cfg.NetNS = filepath.Join("/run/netns", n.NS())
-		dp, err := ipvs.New(cfg)
+		dp, err := ipvs.New(cfg, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -50,9 +50,11 @@ func (f family) clusterIP(idx int) netip.Addr {
 	return f.pick(netip.MustParseAddr(ips[0]), netip.MustParseAddr(ips[1]))
 }
 
-func (f family) node(n *nstest.Node) netip.Addr        { return f.pick(n.IP(), n.IPv6()) }
-func (f family) bridge(n *nstest.Node) netip.Addr      { return f.pick(n.BridgeIP(), n.BridgeIPv6()) }
+func (f family) node(n *nstest.Node) netip.Addr   { return f.pick(n.IP(), n.IPv6()) }
+func (f family) bridge(n *nstest.Node) netip.Addr { return f.pick(n.BridgeIP(), n.BridgeIPv6()) }
+
 func (f family) client(tp *nstest.Topology) netip.Addr { return f.pick(tp.ClientIP(), tp.ClientIPv6()) }
+
 func (f family) external(n *nstest.Node, j int) netip.Addr {
 	return f.pick(n.ExternalIP(j), n.ExternalIPv6(j))
 }
@@ -221,8 +223,10 @@ var flowCases = []flowCase{
 	},
 	{
 		name: "PreferSameNode uses the node's hinted endpoints",
-		objects: plain("samenode", []ep{ready(0).zone("zone-a").node("node-0"), ready(1).zone("zone-a").node("node-0"),
-			ready(3).zone("zone-b").node("node-1")}, fixed(trafficDistribution("PreferSameNode"))),
+		objects: plain("samenode", []ep{
+			ready(0).zone("zone-a").node("node-0"), ready(1).zone("zone-a").node("node-0"),
+			ready(3).zone("zone-b").node("node-1"),
+		}, fixed(trafficDistribution("PreferSameNode"))),
 		check: func(r *run) {
 			addr := r.service()
 			r.expectSpread(r.pod(2), addr, "pod-3")

@@ -240,8 +240,8 @@ func conntrackIn(t *testing.T, ns string, log *slog.Logger) []*conntrack.Cleaner
 	}
 	t.Cleanup(h.Close)
 	return []*conntrack.Cleaner{
-		conntrack.NewWithHandle(conntrack.IPv4, h, log),
-		conntrack.NewWithHandle(conntrack.IPv6, h, log),
+		conntrack.NewWithHandle(dataplane.IPv4, h, log),
+		conntrack.NewWithHandle(dataplane.IPv6, h, log),
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/proxyplane/proxyplane/internal/nstest"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 )
 
@@ -83,9 +84,9 @@ func BenchmarkAgentMemory(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				cfg := iptables.DefaultConfig(iptables.IPv4)
+				cfg := iptables.DefaultConfig(dataplane.IPv4)
 				cfg.CommandPrefix = []string{"ip", "netns", "exec", topo.NodeNS()}
-				dp, err := iptables.New(cfg)
+				dp, err := iptables.New(cfg, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -17,6 +17,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 )
 
@@ -113,10 +114,10 @@ func runAgent(t *testing.T, topo *nstest.Topology, cachePath, controlPlane strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := iptables.DefaultConfig(iptables.IPv4)
+	cfg := iptables.DefaultConfig(dataplane.IPv4)
 	cfg.CommandPrefix = []string{"ip", "netns", "exec", topo.NodeNS()}
-	cfg.LocalMode, cfg.ClusterCIDRs = iptables.LocalClusterCIDR, []string{"10.244.0.0/16"}
-	dp, err := iptables.New(cfg)
+	cfg.LocalMode, cfg.ClusterCIDRs = dataplane.LocalClusterCIDR, []string{"10.244.0.0/16"}
+	dp, err := iptables.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -17,9 +18,10 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
-	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Options configures the node agent. NewOptions sets the defaults, each
@@ -53,6 +55,9 @@ type Options struct {
 	NodePortAddresses []string
 	// SyncPeriod is the interval between full syncs.
 	SyncPeriod time.Duration
+	// FailbackInterval is how often an agent that failed over checks
+	// whether its preferred control plane replica serves again; 0 never.
+	FailbackInterval time.Duration
 	// IPTablesBackend is auto, nft or legacy.
 	IPTablesBackend string
 	// LogLevel is debug, info, warn or error.
@@ -70,9 +75,6 @@ type Options struct {
 	// connect.
 	TokenFile string
 }
-
-// proxyModes are the dataplanes this build offers.
-var proxyModes = []string{"iptables", "nftables", "ipvs"}
 
 // NewOptions returns the defaults.
 func NewOptions() *Options {
@@ -95,9 +97,12 @@ func NewOptions() *Options {
 		// kube-proxy's default masquerade bit.
 		MasqueradeBit: 14,
 		// kube-proxy's default iptables syncPeriod.
-		SyncPeriod:      30 * time.Second,
-		IPTablesBackend: "auto",
-		LogLevel:        "info",
+		SyncPeriod: 30 * time.Second,
+		// Often enough that replicas are even again within a minute of a
+		// rollout; each check is one health RPC on a new connection.
+		FailbackInterval: 30 * time.Second,
+		IPTablesBackend:  "auto",
+		LogLevel:         "info",
 		// Where deploy/nodeagent.yaml mounts the proxyplane-ca ConfigMap,
 		// which the control plane publishes with the CA it bootstraps.
 		CAFile: "/var/run/proxyplane/ca/ca.crt",
@@ -125,6 +130,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MasqueradeBit, "masquerade-bit", o.MasqueradeBit, "fwmark bit (0-31) marking packets to masquerade.")
 	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs whose local addresses accept NodePorts; empty for all.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Interval between full syncs of the kernel rules.")
+	fs.DurationVar(&o.FailbackInterval, "failback-interval", o.FailbackInterval, "How often an agent streaming from a replica other than its preferred one checks whether the preferred one serves again, and returns to it; 0 never.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "PEM bundle the control plane's serving certificate must chain to; read on every connect.")
@@ -150,8 +156,8 @@ func (o *Options) Validate() error {
 	if !filepath.IsAbs(o.StateDir) {
 		errs = append(errs, fmt.Errorf("--state-dir %q must be an absolute path", o.StateDir))
 	}
-	if !slices.Contains(proxyModes, o.ProxyMode) {
-		errs = append(errs, fmt.Errorf("--proxy-mode %q: want one of %s", o.ProxyMode, strings.Join(proxyModes, ", ")))
+	if _, ok := modes[o.ProxyMode]; !ok {
+		errs = append(errs, fmt.Errorf("--proxy-mode %q: want one of %s", o.ProxyMode, strings.Join(slices.Sorted(maps.Keys(modes)), ", ")))
 	}
 	if !slices.Contains(ipvs.Schedulers, o.IPVSScheduler) {
 		errs = append(errs, fmt.Errorf("--ipvs-scheduler %q: want one of %s", o.IPVSScheduler, strings.Join(ipvs.Schedulers, ", ")))
@@ -180,6 +186,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
 		errs = append(errs, fmt.Errorf("--masquerade-bit %d: want 0 to 31", o.MasqueradeBit))
+	}
+	if o.FailbackInterval < 0 {
+		errs = append(errs, fmt.Errorf("--failback-interval %s: want 0 or more", o.FailbackInterval))
 	}
 	if o.SyncPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--sync-period %s: want at least 1s", o.SyncPeriod))

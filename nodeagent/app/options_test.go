@@ -26,6 +26,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"bad local mode", append(base, "--detect-local-mode=Bridge"), "--detect-local-mode"},
 		{"masquerade bit", append(base, "--masquerade-bit=32"), "--masquerade-bit"},
 		{"short sync period", append(base, "--sync-period=10ms"), "--sync-period"},
+		{"negative failback interval", append(base, "--failback-interval=-1s"), "--failback-interval"},
 		{"bad backend", append(base, "--iptables-backend=xt"), "--iptables-backend"},
 		{"bad healthz address", append(base, "--healthz-bind-address=10256"), "--healthz-bind-address"},
 		{"relative ca file", append(base, "--ca-file=ca.crt"), "--ca-file"},

@@ -25,7 +25,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/nftables"
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -62,7 +62,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	defer func() { _ = hc.Close() }()
 	var cleaners []*conntrack.Cleaner
 	for _, f := range families {
-		cleaners = append(cleaners, conntrack.New(conntrack.Family(f), log.With("component", "conntrack", "family", f)))
+		cleaners = append(cleaners, conntrack.New(f, log.With("component", "conntrack", "family", f)))
 	}
 	a = agent.New(agent.Config{
 		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
@@ -108,6 +108,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			BackoffMin:          500 * time.Millisecond,
 			BackoffMax:          30 * time.Second,
 			SilenceTimeout:      time.Minute,
+			FailbackInterval:    o.FailbackInterval,
 			MaxRecvMessageBytes: 64 << 20,
 			OnConnected: func(up bool) {
 				metrics.Connected.Set(map[bool]float64{true: 1, false: 0}[up])
@@ -174,31 +175,46 @@ func afterSync(hc *healthcheck.Server, cleaners []*conntrack.Cleaner, log *slog.
 // agent leaves out IPv6 on a node without it (a kernel booted with
 // ipv6.disable=1 has no /proc/net/if_inet6): programming it there would
 // fail every sync and reject every table.
-func nodeFamilies(log *slog.Logger) []plan.Family {
-	families := []plan.Family{plan.IPv4}
+func nodeFamilies(log *slog.Logger) []dataplane.Family {
+	families := []dataplane.Family{dataplane.IPv4}
 	if _, err := os.Stat("/proc/net/if_inet6"); err == nil {
-		families = append(families, plan.IPv6)
+		families = append(families, dataplane.IPv6)
 	} else {
 		log.Warn("IPv6 is not available on this node; programming IPv4 only", "err", err)
 	}
 	return families
 }
 
+// modes are the dataplanes this build offers, by --proxy-mode: each
+// builds one IP family's dataplane from the settings every dataplane takes
+// and the options that are its own. A new dataplane is one package and
+// one line here.
+var modes = map[string]func(o *Options, s dataplane.Settings, observe dataplane.Observer) (dataplane.Dataplane, error){
+	"iptables": func(o *Options, s dataplane.Settings, observe dataplane.Observer) (dataplane.Dataplane, error) {
+		return iptables.New(iptables.Config{Settings: s, Backend: xtables.Backend(o.IPTablesBackend)}, observe)
+	},
+	"nftables": func(_ *Options, s dataplane.Settings, observe dataplane.Observer) (dataplane.Dataplane, error) {
+		return nftables.New(nftables.Config{Settings: s}, observe)
+	},
+	// IPVS fails at once on a kernel without IPVS, naming what is
+	// missing, and the agent exits non-zero rather than run without a
+	// dataplane.
+	"ipvs": func(o *Options, s dataplane.Settings, observe dataplane.Observer) (dataplane.Dataplane, error) {
+		cfg := ipvs.DefaultConfig(s.Family)
+		cfg.Settings, cfg.Scheduler, cfg.Backend = s, o.IPVSScheduler, xtables.Backend(o.IPTablesBackend)
+		return ipvs.New(cfg, observe)
+	},
+}
+
 // newDataplane builds one dataplane of the selected mode per IP family.
-func newDataplane(o *Options, families []plan.Family) (dataplane.Dataplane, error) {
-	var dps []dataplane.Dataplane
+func newDataplane(o *Options, families []dataplane.Family) (dataplane.Dataplane, error) {
+	newMode, ok := modes[o.ProxyMode]
+	if !ok {
+		return nil, fmt.Errorf("--proxy-mode %q: not built in", o.ProxyMode)
+	}
+	dps := make([]dataplane.Dataplane, 0, len(families))
 	for _, family := range families {
-		var dp dataplane.Dataplane
-		var err error
-		f := settingsFor(o, family)
-		switch o.ProxyMode {
-		case "nftables":
-			dp, err = newNFTables(f)
-		case "ipvs":
-			dp, err = newIPVS(o, f)
-		default:
-			dp, err = newIPTables(o, f)
-		}
+		dp, err := newMode(o, settingsFor(o, family), observeSync)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s dataplane: %w", family, o.ProxyMode, err)
 		}
@@ -207,52 +223,34 @@ func newDataplane(o *Options, families []plan.Family) (dataplane.Dataplane, erro
 	return dataplane.Join(dps...), nil
 }
 
-// settingsFor is what every dataplane takes from the flags for family.
-func settingsFor(o *Options, family plan.Family) plan.Settings {
-	s := plan.Settings{
-		Family:            family,
-		MasqueradeBit:     o.MasqueradeBit,
-		LocalMode:         plan.LocalMode(o.DetectLocalMode),
-		ClusterCIDRs:      cidrsOf(family, o.ClusterCIDRs),
-		NodePortAddresses: cidrsOf(family, o.NodePortAddresses),
+// observeSync counts failed syncs under kube-proxy's names: the restores
+// iptables-restore refused, and the nftables transactions that failed.
+func observeSync(r dataplane.SyncResult) {
+	switch {
+	case r.Err == nil:
+	case r.Mode == "iptables" && xtables.IsRestoreFailed(r.Err):
+		metrics.IPTablesRestoreFailuresTotal.Inc()
+	case r.Mode == "nftables":
+		metrics.NFTablesSyncFailuresTotal.Inc()
 	}
-	if s.LocalMode == plan.LocalClusterCIDR && len(s.ClusterCIDRs) == 0 {
+}
+
+// settingsFor is what every dataplane takes from the flags for family.
+func settingsFor(o *Options, family dataplane.Family) dataplane.Settings {
+	s := dataplane.DefaultSettings(family)
+	s.MasqueradeBit = o.MasqueradeBit
+	s.LocalMode = dataplane.LocalMode(o.DetectLocalMode)
+	s.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
+	s.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
+	if s.LocalMode == dataplane.LocalClusterCIDR && len(s.ClusterCIDRs) == 0 {
 		// No pod CIDR of this family: nothing to recognise.
-		s.LocalMode = plan.LocalNone
+		s.LocalMode = dataplane.LocalNone
 	}
 	return s
 }
 
-func newIPTables(o *Options, s plan.Settings) (dataplane.Dataplane, error) {
-	cfg := iptables.DefaultConfig(iptables.Family(s.Family))
-	cfg.Backend = iptables.Backend(o.IPTablesBackend)
-	cfg.MasqueradeBit, cfg.LocalMode = s.MasqueradeBit, s.LocalMode
-	cfg.ClusterCIDRs, cfg.NodePortAddresses = s.ClusterCIDRs, s.NodePortAddresses
-	cfg.OnRestoreFailure = func(bool) { metrics.IPTablesRestoreFailuresTotal.Inc() }
-	return iptables.New(cfg)
-}
-
-func newNFTables(s plan.Settings) (dataplane.Dataplane, error) {
-	cfg := nftables.DefaultConfig(nftables.Family(s.Family))
-	cfg.MasqueradeBit, cfg.LocalMode = s.MasqueradeBit, s.LocalMode
-	cfg.ClusterCIDRs, cfg.NodePortAddresses = s.ClusterCIDRs, s.NodePortAddresses
-	cfg.OnTransactionFailure = func(bool) { metrics.NFTablesSyncFailuresTotal.Inc() }
-	return nftables.New(cfg)
-}
-
-// newIPVS fails at once on a kernel without IPVS, naming what is missing,
-// and the agent exits non-zero rather than run without a dataplane.
-func newIPVS(o *Options, s plan.Settings) (dataplane.Dataplane, error) {
-	cfg := ipvs.DefaultConfig(ipvs.Family(s.Family))
-	cfg.Scheduler = o.IPVSScheduler
-	cfg.Backend = ipvs.Backend(o.IPTablesBackend)
-	cfg.MasqueradeBit, cfg.LocalMode = s.MasqueradeBit, s.LocalMode
-	cfg.ClusterCIDRs, cfg.NodePortAddresses = s.ClusterCIDRs, s.NodePortAddresses
-	return ipvs.New(cfg)
-}
-
 // cidrsOf keeps the CIDRs of family; Validate has parsed them all.
-func cidrsOf(family plan.Family, cidrs []string) []string {
+func cidrsOf(family dataplane.Family, cidrs []string) []string {
 	var out []string
 	for _, p := range family.Prefixes(cidrs) {
 		out = append(out, p.String())

@@ -11,44 +11,19 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
-// Family is the IP family one Cleaner cleans. The kernel keeps one
-// conntrack table per family and lists them separately, so the agent runs
-// one Cleaner per family, as it runs one dataplane per family.
-type Family int
-
-const (
-	// IPv4 cleans the IPv4 conntrack table against the table's IPv4
-	// addresses.
-	IPv4 Family = 4
-	// IPv6 cleans the IPv6 conntrack table against the table's IPv6
-	// addresses.
-	IPv6 Family = 6
-)
-
-// String returns "IPv4" or "IPv6".
-func (f Family) String() string {
+// inetFamily returns the family's netlink constant; ok is false for an
+// invalid family. The kernel keeps one conntrack table per family and
+// lists them separately, so the agent runs one Cleaner per family, as it
+// runs one dataplane per family.
+func inetFamily(f dataplane.Family) (netlink.InetFamily, bool) {
 	switch f {
-	case IPv4:
-		return "IPv4"
-	case IPv6:
-		return "IPv6"
-	}
-	return fmt.Sprintf("Family(%d)", int(f))
-}
-
-// has reports whether a is a valid address of the family.
-func (f Family) has(a netip.Addr) bool { return a.IsValid() && a.Is4() == (f == IPv4) }
-
-// inet returns the family's netlink constant; ok is false for an invalid
-// family.
-func (f Family) inet() (netlink.InetFamily, bool) {
-	switch f {
-	case IPv4:
+	case dataplane.IPv4:
 		return unix.AF_INET, true
-	case IPv6:
+	case dataplane.IPv6:
 		return unix.AF_INET6, true
 	}
 	return 0, false
@@ -77,7 +52,7 @@ type kernel interface {
 // package documentation for which flows and why. It keeps no state between
 // calls, so it works the same after an agent restart.
 type Cleaner struct {
-	family Family
+	family dataplane.Family
 	kernel kernel
 	log    *slog.Logger
 }
@@ -85,7 +60,7 @@ type Cleaner struct {
 // New returns a Cleaner of the network namespace of the calling thread
 // (the host's, for the agent). Each Clean opens its own netlink sockets,
 // so there is nothing to close. A nil log means slog.Default().
-func New(family Family, log *slog.Logger) *Cleaner {
+func New(family dataplane.Family, log *slog.Logger) *Cleaner {
 	// A zero Handle opens a socket per request, as netlink's package-level
 	// functions and kube-proxy do.
 	return newCleaner(family, &netlink.Handle{}, log)
@@ -98,12 +73,12 @@ func New(family Family, log *slog.Logger) *Cleaner {
 //
 // h stays the caller's to close, after the last Clean. A nil log means
 // slog.Default().
-func NewWithHandle(family Family, h *netlink.Handle, log *slog.Logger) *Cleaner {
+func NewWithHandle(family dataplane.Family, h *netlink.Handle, log *slog.Logger) *Cleaner {
 	return newCleaner(family, h, log)
 }
 
 // newCleaner is the seam: tests pass a fake kernel.
-func newCleaner(family Family, k kernel, log *slog.Logger) *Cleaner {
+func newCleaner(family dataplane.Family, k kernel, log *slog.Logger) *Cleaner {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -131,7 +106,7 @@ func newCleaner(family Family, k kernel, log *slog.Logger) *Cleaner {
 // agent's sync loop owns the Cleaner.
 func (c *Cleaner) Clean(ctx context.Context, t *proxytable.Table) (deleted int, err error) {
 	start := time.Now()
-	inet, ok := c.family.inet()
+	inet, ok := inetFamily(c.family)
 	if !ok {
 		return 0, fmt.Errorf("cleaning conntrack: invalid family %v", c.family)
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -67,7 +68,7 @@ func TestClean(t *testing.T) {
 	k := newFakeKernel(live4, stale4, nodePort4, unNATed4, tcp4, elsewhere4, live6, stale6)
 	var logs bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	c4, c6 := newCleaner(IPv4, k, log), newCleaner(IPv6, k, log)
+	c4, c6 := newCleaner(dataplane.IPv4, k, log), newCleaner(dataplane.IPv6, k, log)
 	tbl := dnsTable(t)
 	ctx := context.Background()
 
@@ -109,7 +110,7 @@ func TestCleanReadsNothingWithoutUDPFrontends(t *testing.T) {
 	for name, tbl := range map[string]*proxytable.Table{"nil": nil, "empty": proxytable.Empty(), "TCP only": newTable(t, web)} {
 		t.Run(name, func(t *testing.T) {
 			k := newFakeKernel(stale4)
-			if n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), tbl); err != nil || n != 0 {
+			if n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), tbl); err != nil || n != 0 {
 				t.Fatalf("Clean = %d, %v; want 0", n, err)
 			}
 			if k.lists+k.deletes != 0 {
@@ -122,7 +123,7 @@ func TestCleanReadsNothingWithoutUDPFrontends(t *testing.T) {
 func TestCleanListFails(t *testing.T) {
 	k := newFakeKernel(stale4)
 	k.listErrs = []error{syscall.EPERM}
-	n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
+	n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
 	if !IsListFailed(err) || IsInterrupted(err) || !errors.Is(err, syscall.EPERM) || n != 0 {
 		t.Fatalf("Clean = %d, %v; want a ListError wrapping EPERM", n, err)
 	}
@@ -136,7 +137,7 @@ func TestCleanInterruptedDump(t *testing.T) {
 	t.Run("retried", func(t *testing.T) {
 		k := newFakeKernel(live4, stale4)
 		k.listErrs = []error{netlink.ErrDumpInterrupted}
-		n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
+		n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
 		if err != nil || n != 1 || k.lists != 2 {
 			t.Fatalf("Clean = %d, %v after %d lists; want 1 deleted, no error, 2 lists", n, err, k.lists)
 		}
@@ -144,7 +145,7 @@ func TestCleanInterruptedDump(t *testing.T) {
 	t.Run("always interrupted", func(t *testing.T) {
 		k := newFakeKernel(live4, stale4)
 		k.listErrs = slices.Repeat([]error{netlink.ErrDumpInterrupted}, maxListAttempts)
-		n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
+		n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
 		if !IsInterrupted(err) || !IsListFailed(err) || n != 1 || k.lists != maxListAttempts {
 			t.Fatalf("Clean = %d, %v after %d lists; want the flows read cleaned (1) and an interrupted ListError after %d lists",
 				n, err, k.lists, maxListAttempts)
@@ -153,7 +154,7 @@ func TestCleanInterruptedDump(t *testing.T) {
 	t.Run("interrupted with nothing stale", func(t *testing.T) {
 		k := newFakeKernel(live4)
 		k.listErrs = slices.Repeat([]error{netlink.ErrDumpInterrupted}, maxListAttempts)
-		n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
+		n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
 		if !IsInterrupted(err) || n != 0 || k.deletes != 0 {
 			t.Fatalf("Clean = %d, %v, %d deletes; want 0, interrupted, no delete", n, err, k.deletes)
 		}
@@ -163,7 +164,7 @@ func TestCleanInterruptedDump(t *testing.T) {
 func TestCleanDeleteFails(t *testing.T) {
 	k := newFakeKernel(live4, stale4, nodePort4)
 	k.undeletable[nodePort4] = true
-	n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
+	n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
 	if !IsDeleteFailed(err) || IsListFailed(err) || n != 1 {
 		t.Fatalf("Clean = %d, %v; want 1 deleted and a DeleteError", n, err)
 	}
@@ -181,7 +182,7 @@ func TestCleanJudgesFlowsWhenDeleting(t *testing.T) {
 	k.beforeDelete = func() {
 		k.flows[unix.AF_INET] = []*netlink.ConntrackFlow{fresh, late}
 	}
-	n, err := newCleaner(IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
+	n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(context.Background(), dnsTable(t))
 	if err != nil || n != 1 {
 		t.Fatalf("Clean = %d, %v; want 1", n, err)
 	}
@@ -195,7 +196,7 @@ func TestCleanCanceled(t *testing.T) {
 		k := newFakeKernel(stale4)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		n, err := newCleaner(IPv4, k, discard()).Clean(ctx, dnsTable(t))
+		n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(ctx, dnsTable(t))
 		if !errors.Is(err, context.Canceled) || n != 0 || k.lists != 0 {
 			t.Fatalf("Clean = %d, %v after %d lists; want context.Canceled without reading the table", n, err, k.lists)
 		}
@@ -205,7 +206,7 @@ func TestCleanCanceled(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		k.beforeDelete = cancel
-		n, err := newCleaner(IPv4, k, discard()).Clean(ctx, dnsTable(t))
+		n, err := newCleaner(dataplane.IPv4, k, discard()).Clean(ctx, dnsTable(t))
 		if !errors.Is(err, context.Canceled) || n != 0 || len(k.flows[unix.AF_INET]) != 2 {
 			t.Fatalf("Clean = %d, %v with %d flows left; want context.Canceled and nothing deleted after it",
 				n, err, len(k.flows[unix.AF_INET]))
@@ -215,15 +216,7 @@ func TestCleanCanceled(t *testing.T) {
 
 func TestCleanInvalidFamily(t *testing.T) {
 	k := newFakeKernel(stale4)
-	if n, err := newCleaner(Family(5), k, discard()).Clean(context.Background(), dnsTable(t)); err == nil || n != 0 || k.lists != 0 {
+	if n, err := newCleaner(dataplane.Family(5), k, discard()).Clean(context.Background(), dnsTable(t)); err == nil || n != 0 || k.lists != 0 {
 		t.Fatalf("Clean with family 5 = %d, %v; want an error and no kernel access", n, err)
-	}
-}
-
-func TestFamilyString(t *testing.T) {
-	for f, want := range map[Family]string{IPv4: "IPv4", IPv6: "IPv6", Family(0): "Family(0)"} {
-		if got := f.String(); got != want {
-			t.Errorf("Family(%d).String() = %q, want %q", int(f), got, want)
-		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // ListError is a failed or interrupted dump of the conntrack table. When
@@ -12,7 +14,7 @@ import (
 // (IsInterrupted), Clean went on with the flows it read.
 type ListError struct {
 	// Family is the table's IP family.
-	Family Family
+	Family dataplane.Family
 	// Err is netlink's error.
 	Err error
 }
@@ -36,7 +38,7 @@ func IsListFailed(err error) bool {
 // The stale flows left are deleted by the next Clean.
 type DeleteError struct {
 	// Family is the table's IP family.
-	Family Family
+	Family dataplane.Family
 	// Err is netlink's error: how many deletions failed, and whether the
 	// dump was interrupted.
 	Err error

@@ -14,6 +14,7 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -35,14 +36,14 @@ const (
 
 // kernelDataplane returns an iptables dataplane of family programming tp's
 // node namespace, as nodeagent/dataplane/iptables/kernel_test.go does.
-func kernelDataplane(t *testing.T, tp *nstest.Topology, family iptables.Family) *iptables.Dataplane {
+func kernelDataplane(t *testing.T, tp *nstest.Topology, family dataplane.Family) *iptables.Dataplane {
 	t.Helper()
 	c := iptables.DefaultConfig(family)
-	c.LocalMode = iptables.LocalClusterCIDR
+	c.LocalMode = dataplane.LocalClusterCIDR
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{tp.NodeIP().String(), tp.NodeIPv6().String()}
 	c.CommandPrefix = []string{"ip", "netns", "exec", tp.NodeNS()}
-	d, err := iptables.New(c)
+	d, err := iptables.New(c, nil)
 	if err != nil {
 		t.Fatalf("iptables %v dataplane: %v", family, err)
 	}
@@ -97,7 +98,7 @@ const (
 // after and, once Clean has run, the next datagram meets cleaned.
 type kernelCase struct {
 	name    string
-	family  Family
+	family  dataplane.Family
 	srcPort int // fixed, so every datagram is the same flow
 	addr    string
 	before  *pb.Service
@@ -111,10 +112,10 @@ func TestKernelClean(t *testing.T) {
 	for i := range 2 {
 		tp.ServeUDP(i, backendPort)
 	}
-	dp4, dp6 := kernelDataplane(t, tp, iptables.IPv4), kernelDataplane(t, tp, iptables.IPv6)
+	dp4, dp6 := kernelDataplane(t, tp, dataplane.IPv4), kernelDataplane(t, tp, dataplane.IPv6)
 	h := nodeHandle(t, tp)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cleaners := map[Family]*Cleaner{IPv4: NewWithHandle(IPv4, h, log), IPv6: NewWithHandle(IPv6, h, log)}
+	cleaners := map[dataplane.Family]*Cleaner{dataplane.IPv4: NewWithHandle(dataplane.IPv4, h, log), dataplane.IPv6: NewWithHandle(dataplane.IPv6, h, log)}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
@@ -136,25 +137,35 @@ func TestKernelClean(t *testing.T) {
 		return s
 	}
 	cases := []kernelCase{
-		{"ClusterIP", IPv4, 39001, "10.96.0.53:53",
-			dns("dns", "10.96.0.53", 0, pod(0)), dns("dns", "10.96.0.53", 0, pod(1)), "pod-1"},
-		{"NodePort", IPv4, 39002, nstest.HostPort(tp.NodeIP(), 30053),
-			dns("np", "10.96.0.54", 30053, pod(0)), dns("np", "10.96.0.54", 30053, pod(1)), "pod-1"},
-		{"IPv6 ClusterIP", IPv6, 39003, "[fd00:96::53]:53",
-			dns("dns6", "fd00:96::53", 0, pod6(0)), dns("dns6", "fd00:96::53", 0, pod6(1)), "pod-1"},
+		{
+			"ClusterIP", dataplane.IPv4, 39001, "10.96.0.53:53",
+			dns("dns", "10.96.0.53", 0, pod(0)), dns("dns", "10.96.0.53", 0, pod(1)), "pod-1",
+		},
+		{
+			"NodePort", dataplane.IPv4, 39002, nstest.HostPort(tp.NodeIP(), 30053),
+			dns("np", "10.96.0.54", 30053, pod(0)), dns("np", "10.96.0.54", 30053, pod(1)), "pod-1",
+		},
+		{
+			"IPv6 ClusterIP", dataplane.IPv6, 39003, "[fd00:96::53]:53",
+			dns("dns6", "fd00:96::53", 0, pod6(0)), dns("dns6", "fd00:96::53", 0, pod6(1)), "pod-1",
+		},
 		// Sent before the Service had rules: forwarded untranslated (and
 		// lost), and recorded so, with the cluster IP as reply source.
-		{"never DNATed", IPv4, 39004, "10.96.0.55:53",
-			nil, dns("late", "10.96.0.55", 0, pod(1)), "pod-1"},
+		{
+			"never DNATed", dataplane.IPv4, 39004, "10.96.0.55:53",
+			nil, dns("late", "10.96.0.55", 0, pod(1)), "pod-1",
+		},
 		// Scaled to zero: pod-0 still runs (as a pod does while its
 		// endpoint is removed), so only the pinned flow reaches it.
-		{"no endpoints left", IPv4, 39005, "10.96.0.56:53",
-			dns("zero", "10.96.0.56", 0, pod(0)), dns("zero", "10.96.0.56", 0, ""), refused},
+		{
+			"no endpoints left", dataplane.IPv4, 39005, "10.96.0.56:53",
+			dns("zero", "10.96.0.56", 0, pod(0)), dns("zero", "10.96.0.56", 0, ""), refused,
+		},
 	}
 	if _, err := tp.DialUDPFrom(tp.ClientNS(), 40000, cases[0].addr, dialTimeout); err == nil {
 		t.Fatal("DialUDPFrom accepted a source port that DialUDP may be using")
 	}
-	perFamily := map[Family]int{}
+	perFamily := map[dataplane.Family]int{}
 	for _, c := range cases {
 		perFamily[c.family]++
 	}
@@ -195,9 +206,9 @@ func TestKernelClean(t *testing.T) {
 		}
 	}
 	// clean runs both Cleaners and checks how many flows each deleted.
-	clean := func(step string, tbl *proxytable.Table, want map[Family]int) {
+	clean := func(step string, tbl *proxytable.Table, want map[dataplane.Family]int) {
 		t.Helper()
-		for _, family := range []Family{IPv4, IPv6} {
+		for _, family := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 			n, err := cleaners[family].Clean(ctx, tbl)
 			if err != nil || n != want[family] {
 				t.Fatalf("%s: %v Clean = %d, %v; want %d deleted\nUDP flows:\n%s", step, family, n, err, want[family], udpFlows(h))
@@ -249,7 +260,7 @@ func TestKernelClean(t *testing.T) {
 	// Clean, through New in the node namespace as the agent runs it on a
 	// node, deletes nothing.
 	err := tp.Do(tp.NodeNS(), func() error {
-		for _, family := range []Family{IPv4, IPv6} {
+		for _, family := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 			n, err := New(family, log).Clean(ctx, tbl)
 			if err != nil {
 				return fmt.Errorf("%v Clean: %w", family, err)

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -67,7 +68,7 @@ func union(a, b endpointSet) endpointSet {
 // kubernetes #139629, which left flows pinned to the last endpoint after a
 // scale to zero.
 type index struct {
-	family Family
+	family dataplane.Family
 	// frontends maps each service IP and port (cluster IP, external IPs
 	// and load balancer IPs) to its endpoints.
 	frontends map[netip.AddrPort]endpointSet
@@ -78,7 +79,7 @@ type index struct {
 
 // newIndex indexes t's UDP service ports of family. A nil table indexes
 // nothing.
-func newIndex(t *proxytable.Table, family Family) *index {
+func newIndex(t *proxytable.Table, family dataplane.Family) *index {
 	ix := &index{family: family, frontends: map[netip.AddrPort]endpointSet{}, nodePorts: map[uint16]endpointSet{}}
 	if t == nil {
 		return ix
@@ -104,7 +105,7 @@ func (ix *index) addService(s *pb.Service) {
 	var vips []netip.Addr
 	for _, list := range [][]string{s.GetExternalIps(), s.GetLoadBalancerIps()} {
 		for _, ip := range list {
-			if a, err := netip.ParseAddr(ip); err == nil && ix.family.has(a.Unmap()) {
+			if a, err := netip.ParseAddr(ip); err == nil && ix.family.Has(a.Unmap()) {
 				vips = append(vips, a.Unmap())
 			}
 		}
@@ -116,7 +117,7 @@ func (ix *index) addService(s *pb.Service) {
 		for _, pe := range list {
 			for _, ep := range pe.GetEndpoints() {
 				a, err := netip.ParseAddr(ep.GetIp())
-				if err != nil || !ix.family.has(a.Unmap()) || ep.GetPort() <= 0 || ep.GetPort() > 65535 {
+				if err != nil || !ix.family.Has(a.Unmap()) || ep.GetPort() <= 0 || ep.GetPort() > 65535 {
 					continue
 				}
 				set := used[pe.GetPortName()]
@@ -165,7 +166,7 @@ func merge(prev, eps endpointSet) endpointSet {
 
 func (ix *index) firstOfFamily(ips []string) (netip.Addr, bool) {
 	for _, ip := range ips {
-		if a, err := netip.ParseAddr(ip); err == nil && ix.family.has(a.Unmap()) {
+		if a, err := netip.ParseAddr(ip); err == nil && ix.family.Has(a.Unmap()) {
 			return a.Unmap(), true
 		}
 	}
@@ -180,7 +181,7 @@ func (ix *index) firstOfFamily(ips []string) (netip.Addr, bool) {
 // it is stale too. The two tests are independent, as upstream's: a flow
 // kept by one is still deleted by the other.
 func (ix *index) stale(f flow) bool {
-	if f.proto != unix.IPPROTO_UDP || !ix.family.has(f.origDst.Addr()) {
+	if f.proto != unix.IPPROTO_UDP || !f.origDst.Addr().IsValid() || !ix.family.Has(f.origDst.Addr()) {
 		return false
 	}
 	if eps, ok := ix.frontends[f.origDst]; ok {

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // staleServices is the table the decision is tested against.
@@ -76,60 +77,60 @@ func udp6(origDst, replySrc string) *netlink.ConntrackFlow {
 
 func TestStale(t *testing.T) {
 	tbl := newTable(t, staleServices()...)
-	indexes := map[Family]*index{IPv4: newIndex(tbl, IPv4), IPv6: newIndex(tbl, IPv6)}
+	indexes := map[dataplane.Family]*index{dataplane.IPv4: newIndex(tbl, dataplane.IPv4), dataplane.IPv6: newIndex(tbl, dataplane.IPv6)}
 	cases := []struct {
 		name   string
-		family Family
+		family dataplane.Family
 		flow   *netlink.ConntrackFlow
 		stale  bool
 	}{
-		{"ClusterIP to a live endpoint", IPv4, udp4("10.96.0.10:53", "10.244.1.10:5353"), false},
-		{"ClusterIP to another live endpoint", IPv4, udp4("10.96.0.10:53", "10.244.2.10:5353"), false},
-		{"ClusterIP to a removed endpoint", IPv4, udp4("10.96.0.10:53", "10.244.1.99:5353"), true},
-		{"ClusterIP to a live IP at an old target port", IPv4, udp4("10.96.0.10:53", "10.244.1.10:5354"), true},
-		{"ClusterIP never DNATed", IPv4, udp4("10.96.0.10:53", "10.96.0.10:53"), true},
-		{"ClusterIP at a port that is not the service's", IPv4, udp4("10.96.0.10:54", "10.244.1.99:54"), false},
-		{"ClusterIP to a local endpoint", IPv4, udp4("10.96.0.10:53", "10.244.1.11:5353"), false},
-		{"externalIP to a live endpoint", IPv4, udp4("203.0.113.10:53", "10.244.2.10:5353"), false},
-		{"externalIP to a local endpoint", IPv4, udp4("203.0.113.10:53", "10.244.1.11:5353"), false},
-		{"externalIP to a removed endpoint", IPv4, udp4("203.0.113.10:53", "10.244.1.99:5353"), true},
-		{"externalIP never DNATed", IPv4, udp4("203.0.113.10:53", "203.0.113.10:53"), true},
-		{"LB IP to a live endpoint", IPv4, udp4("198.51.100.10:53", "10.244.1.10:5353"), false},
-		{"LB IP to a removed endpoint", IPv4, udp4("198.51.100.10:53", "10.244.1.99:5353"), true},
-		{"NodePort to a live endpoint", IPv4, udp4("192.168.100.1:30053", "10.244.1.10:5353"), false},
-		{"NodePort to a local endpoint", IPv4, udp4("192.168.100.1:30053", "10.244.1.11:5353"), false},
-		{"NodePort to a removed endpoint", IPv4, udp4("192.168.100.1:30053", "10.244.1.99:5353"), true},
-		{"NodePort port at any address, never DNATed", IPv4, udp4("10.0.0.1:30053", "10.0.0.1:30053"), true},
-		{"TCP to a removed endpoint", IPv4, ctFlow(unix.IPPROTO_TCP, "192.168.100.100:40000", "10.96.0.10:53", "10.244.1.99:5353"), false},
-		{"TCP NodePort to a removed endpoint", IPv4, ctFlow(unix.IPPROTO_TCP, "192.168.100.100:40000", "192.168.100.1:30054", "10.244.1.99:5353"), false},
-		{"SCTP to a removed endpoint", IPv4, ctFlow(unix.IPPROTO_SCTP, "192.168.100.100:40000", "10.96.0.50:53", "10.244.1.99:53"), false},
-		{"UDP to the SCTP service's IP and port", IPv4, udp4("10.96.0.50:53", "10.96.0.50:53"), false},
-		{"port DNATed to another port's endpoint", IPv4, udp4("10.96.0.20:53", "10.244.1.21:54"), true},
-		{"port DNATed to its own endpoint", IPv4, udp4("10.96.0.20:54", "10.244.1.21:54"), false},
-		{"service without endpoints, never DNATed", IPv4, udp4("10.96.0.30:53", "10.96.0.30:53"), true},
-		{"service without endpoints, old endpoint", IPv4, udp4("10.96.0.30:53", "10.244.1.99:53"), true},
-		{"NodePort of a service without endpoints", IPv4, udp4("192.168.100.1:30055", "10.244.1.99:53"), true},
-		{"policy Local without a local endpoint, to a remote one", IPv4, udp4("10.96.0.60:53", "10.244.2.60:53"), true},
-		{"unknown address", IPv4, udp4("10.96.0.99:53", "10.96.0.99:53"), false},
-		{"shared externalIP to one Service's endpoint", IPv4, udp4("203.0.113.77:53", "10.244.1.70:53"), false},
-		{"shared externalIP to the other's", IPv4, udp4("203.0.113.77:53", "10.244.1.71:53"), false},
-		{"shared externalIP to neither", IPv4, udp4("203.0.113.77:53", "10.244.1.99:53"), true},
-		{"IPv6-only service's NodePort in IPv4", IPv4, udp4("192.168.100.1:30056", "10.244.1.99:53"), false},
-		{"IPv6-only service's IPv4 externalIP", IPv4, udp4("203.0.113.40:53", "10.244.1.99:53"), false},
+		{"ClusterIP to a live endpoint", dataplane.IPv4, udp4("10.96.0.10:53", "10.244.1.10:5353"), false},
+		{"ClusterIP to another live endpoint", dataplane.IPv4, udp4("10.96.0.10:53", "10.244.2.10:5353"), false},
+		{"ClusterIP to a removed endpoint", dataplane.IPv4, udp4("10.96.0.10:53", "10.244.1.99:5353"), true},
+		{"ClusterIP to a live IP at an old target port", dataplane.IPv4, udp4("10.96.0.10:53", "10.244.1.10:5354"), true},
+		{"ClusterIP never DNATed", dataplane.IPv4, udp4("10.96.0.10:53", "10.96.0.10:53"), true},
+		{"ClusterIP at a port that is not the service's", dataplane.IPv4, udp4("10.96.0.10:54", "10.244.1.99:54"), false},
+		{"ClusterIP to a local endpoint", dataplane.IPv4, udp4("10.96.0.10:53", "10.244.1.11:5353"), false},
+		{"externalIP to a live endpoint", dataplane.IPv4, udp4("203.0.113.10:53", "10.244.2.10:5353"), false},
+		{"externalIP to a local endpoint", dataplane.IPv4, udp4("203.0.113.10:53", "10.244.1.11:5353"), false},
+		{"externalIP to a removed endpoint", dataplane.IPv4, udp4("203.0.113.10:53", "10.244.1.99:5353"), true},
+		{"externalIP never DNATed", dataplane.IPv4, udp4("203.0.113.10:53", "203.0.113.10:53"), true},
+		{"LB IP to a live endpoint", dataplane.IPv4, udp4("198.51.100.10:53", "10.244.1.10:5353"), false},
+		{"LB IP to a removed endpoint", dataplane.IPv4, udp4("198.51.100.10:53", "10.244.1.99:5353"), true},
+		{"NodePort to a live endpoint", dataplane.IPv4, udp4("192.168.100.1:30053", "10.244.1.10:5353"), false},
+		{"NodePort to a local endpoint", dataplane.IPv4, udp4("192.168.100.1:30053", "10.244.1.11:5353"), false},
+		{"NodePort to a removed endpoint", dataplane.IPv4, udp4("192.168.100.1:30053", "10.244.1.99:5353"), true},
+		{"NodePort port at any address, never DNATed", dataplane.IPv4, udp4("10.0.0.1:30053", "10.0.0.1:30053"), true},
+		{"TCP to a removed endpoint", dataplane.IPv4, ctFlow(unix.IPPROTO_TCP, "192.168.100.100:40000", "10.96.0.10:53", "10.244.1.99:5353"), false},
+		{"TCP NodePort to a removed endpoint", dataplane.IPv4, ctFlow(unix.IPPROTO_TCP, "192.168.100.100:40000", "192.168.100.1:30054", "10.244.1.99:5353"), false},
+		{"SCTP to a removed endpoint", dataplane.IPv4, ctFlow(unix.IPPROTO_SCTP, "192.168.100.100:40000", "10.96.0.50:53", "10.244.1.99:53"), false},
+		{"UDP to the SCTP service's IP and port", dataplane.IPv4, udp4("10.96.0.50:53", "10.96.0.50:53"), false},
+		{"port DNATed to another port's endpoint", dataplane.IPv4, udp4("10.96.0.20:53", "10.244.1.21:54"), true},
+		{"port DNATed to its own endpoint", dataplane.IPv4, udp4("10.96.0.20:54", "10.244.1.21:54"), false},
+		{"service without endpoints, never DNATed", dataplane.IPv4, udp4("10.96.0.30:53", "10.96.0.30:53"), true},
+		{"service without endpoints, old endpoint", dataplane.IPv4, udp4("10.96.0.30:53", "10.244.1.99:53"), true},
+		{"NodePort of a service without endpoints", dataplane.IPv4, udp4("192.168.100.1:30055", "10.244.1.99:53"), true},
+		{"policy Local without a local endpoint, to a remote one", dataplane.IPv4, udp4("10.96.0.60:53", "10.244.2.60:53"), true},
+		{"unknown address", dataplane.IPv4, udp4("10.96.0.99:53", "10.96.0.99:53"), false},
+		{"shared externalIP to one Service's endpoint", dataplane.IPv4, udp4("203.0.113.77:53", "10.244.1.70:53"), false},
+		{"shared externalIP to the other's", dataplane.IPv4, udp4("203.0.113.77:53", "10.244.1.71:53"), false},
+		{"shared externalIP to neither", dataplane.IPv4, udp4("203.0.113.77:53", "10.244.1.99:53"), true},
+		{"IPv6-only service's NodePort in IPv4", dataplane.IPv4, udp4("192.168.100.1:30056", "10.244.1.99:53"), false},
+		{"IPv6-only service's IPv4 externalIP", dataplane.IPv4, udp4("203.0.113.40:53", "10.244.1.99:53"), false},
 
-		{"IPv6 ClusterIP to a live endpoint", IPv6, udp6("[fd00:96::10]:53", "[fd00:244:1::10]:5353"), false},
-		{"IPv6 ClusterIP to a removed endpoint", IPv6, udp6("[fd00:96::10]:53", "[fd00:244:1::99]:5353"), true},
-		{"IPv6 ClusterIP never DNATed", IPv6, udp6("[fd00:96::10]:53", "[fd00:96::10]:53"), true},
-		{"IPv6 ClusterIP to an IPv4 endpoint", IPv6, udp6("[fd00:96::10]:53", "[::ffff:10.244.1.10]:5353"), true},
-		{"IPv6 externalIP to a removed endpoint", IPv6, udp6("[2001:db8::10]:53", "[fd00:244:1::99]:5353"), true},
-		{"IPv6 LB IP to a live endpoint", IPv6, udp6("[2001:db8:1::10]:53", "[fd00:244:1::10]:5353"), false},
-		{"IPv6 LB IP to a removed endpoint", IPv6, udp6("[2001:db8:1::10]:53", "[fd00:244:1::99]:5353"), true},
-		{"IPv6 NodePort to a removed endpoint", IPv6, udp6("[fd00:100::1]:30053", "[fd00:244:1::99]:5353"), true},
-		{"IPv6-only service to its endpoint", IPv6, udp6("[fd00:96::40]:53", "[fd00:244:1::40]:53"), false},
-		{"IPv6-only service's NodePort to a removed endpoint", IPv6, udp6("[fd00:100::1]:30056", "[fd00:244:1::99]:53"), true},
-		{"IPv4 flow in the IPv6 table", IPv6, udp4("10.96.0.10:53", "10.244.1.99:5353"), false},
-		{"IPv4 flow at a NodePort in the IPv6 table", IPv6, udp4("192.168.100.1:30053", "10.244.1.99:5353"), false},
-		{"IPv6 flow at a NodePort in the IPv4 table", IPv4, udp6("[fd00:100::1]:30053", "[fd00:244:1::99]:5353"), false},
+		{"IPv6 ClusterIP to a live endpoint", dataplane.IPv6, udp6("[fd00:96::10]:53", "[fd00:244:1::10]:5353"), false},
+		{"IPv6 ClusterIP to a removed endpoint", dataplane.IPv6, udp6("[fd00:96::10]:53", "[fd00:244:1::99]:5353"), true},
+		{"IPv6 ClusterIP never DNATed", dataplane.IPv6, udp6("[fd00:96::10]:53", "[fd00:96::10]:53"), true},
+		{"IPv6 ClusterIP to an IPv4 endpoint", dataplane.IPv6, udp6("[fd00:96::10]:53", "[::ffff:10.244.1.10]:5353"), true},
+		{"IPv6 externalIP to a removed endpoint", dataplane.IPv6, udp6("[2001:db8::10]:53", "[fd00:244:1::99]:5353"), true},
+		{"IPv6 LB IP to a live endpoint", dataplane.IPv6, udp6("[2001:db8:1::10]:53", "[fd00:244:1::10]:5353"), false},
+		{"IPv6 LB IP to a removed endpoint", dataplane.IPv6, udp6("[2001:db8:1::10]:53", "[fd00:244:1::99]:5353"), true},
+		{"IPv6 NodePort to a removed endpoint", dataplane.IPv6, udp6("[fd00:100::1]:30053", "[fd00:244:1::99]:5353"), true},
+		{"IPv6-only service to its endpoint", dataplane.IPv6, udp6("[fd00:96::40]:53", "[fd00:244:1::40]:53"), false},
+		{"IPv6-only service's NodePort to a removed endpoint", dataplane.IPv6, udp6("[fd00:100::1]:30056", "[fd00:244:1::99]:53"), true},
+		{"IPv4 flow in the IPv6 table", dataplane.IPv6, udp4("10.96.0.10:53", "10.244.1.99:5353"), false},
+		{"IPv4 flow at a NodePort in the IPv6 table", dataplane.IPv6, udp4("192.168.100.1:30053", "10.244.1.99:5353"), false},
+		{"IPv6 flow at a NodePort in the IPv4 table", dataplane.IPv4, udp6("[fd00:100::1]:30053", "[fd00:244:1::99]:5353"), false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -151,16 +152,16 @@ func TestIndexEmpty(t *testing.T) {
 	v6.Ports = []*pb.ServicePort{port("dns", udp, 53, 0)}
 	v6.ClusterEndpoints = []*pb.PortEndpoints{eps("dns", "[fd00:244:1::10]:53")}
 
-	if !newIndex(nil, IPv4).empty() {
+	if !newIndex(nil, dataplane.IPv4).empty() {
 		t.Error("nil table: index not empty")
 	}
-	if ix := newIndex(newTable(t, web, v6), IPv4); !ix.empty() {
+	if ix := newIndex(newTable(t, web, v6), dataplane.IPv4); !ix.empty() {
 		t.Errorf("IPv4 index of TCP and IPv6-only services: %+v, want empty", ix)
 	}
-	if ix := newIndex(newTable(t, web, v6), IPv6); ix.empty() {
+	if ix := newIndex(newTable(t, web, v6), dataplane.IPv6); ix.empty() {
 		t.Error("IPv6 index of an IPv6 UDP service is empty")
 	}
-	if ix := newIndex(newTable(t, web, noEndpoints), IPv4); ix.empty() {
+	if ix := newIndex(newTable(t, web, noEndpoints), dataplane.IPv4); ix.empty() {
 		t.Error("IPv4 index of a UDP service without endpoints is empty: its flows must be cleaned")
 	}
 }

@@ -1,8 +1,30 @@
-// Package dataplane declares what the node agent needs from a kernel
-// backend. The backends live in subpackages iptables, nftables and ipvs,
-// each with fakes for its tests. Beside them, plan holds what the backends
-// compute alike from the proxy table, tool runs the command-line tools the
-// iptables and IPVS backends use, and dptest is what their tests share.
+// Package dataplane is the core every kernel backend of the node agent
+// shares: the Dataplane the agent drives, the Settings every backend takes
+// (one Family, one masquerade bit, one validation), and the Driver that
+// runs a Backend (the context, full or partial, failure accounting through
+// one Observer, drift checks). A backend implements the small Backend
+// interface and holds only its own rendering and kernel seam.
+//
+// The backends live in subpackages iptables, nftables and ipvs, each with
+// fakes for its tests. Beside them, plan holds what the backends compute
+// alike from the proxy table, xtables what the iptables and IPVS backends
+// share of iptables, tool runs command-line tools, and dptest is what the
+// backends' tests share.
+//
+// # Adding a dataplane
+//
+// A new dataplane is one package and two lines elsewhere. The package
+// holds a Config that embeds Settings beside its own fields (with
+// DefaultConfig and Validate), a type implementing Backend (Prepare
+// returns the fingerprint of what every rule depends on, Full and Partial
+// render and program, Forget drops what it believes the kernel holds; a
+// DriftChecker when trusting that memory could miss changes made behind
+// its back), New returning a Driver over it, its kernel seam with a fake,
+// and a README. The lines are its mode in nodeagent/app's modes and in
+// internal/flowsuite's dataplaneKinds, which runs every Service feature
+// through it with real packets. Everything the Driver does (context,
+// full or partial, failure accounting, drift checks, the metrics hook)
+// comes with it.
 package dataplane
 
 import (

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // Addresses used across the feature cases. The node is 192.168.100.1 (and
@@ -31,7 +31,7 @@ func Node() *pb.NodeInfo {
 // trace packets through them.
 type Case struct {
 	Name     string
-	Family   plan.Family
+	Family   dataplane.Family
 	Services func() []*pb.Service
 	// Config is how the case's configuration differs from the test
 	// package's own.
@@ -43,7 +43,7 @@ type Case struct {
 // nothing.
 type Tweaks struct {
 	NodePortAddresses     []string
-	LocalMode             plan.LocalMode
+	LocalMode             dataplane.LocalMode
 	MasqueradeAll         bool
 	MasqueradeBit         int
 	NoRandomFully         bool
@@ -175,31 +175,31 @@ func one(s func() *pb.Service) func() []*pb.Service {
 
 // Cases are the feature cases, in golden order.
 var Cases = []Case{
-	{Name: "clusterip", Family: plan.IPv4, Services: one(ClusterIPTwoEndpoints)},
-	{Name: "nodeport", Family: plan.IPv4, Services: one(NodePortService)},
-	{Name: "no-endpoints", Family: plan.IPv4, Services: one(NoEndpointsService)},
-	{Name: "etp-local", Family: plan.IPv4, Services: func() []*pb.Service { return []*pb.Service{ETPLocal(true)} }},
-	{Name: "etp-local-no-local-endpoints", Family: plan.IPv4, Services: func() []*pb.Service { return []*pb.Service{ETPLocal(false)} }},
-	{Name: "itp-local", Family: plan.IPv4, Services: func() []*pb.Service { return []*pb.Service{ITPLocal(true)} }},
-	{Name: "itp-local-no-local-endpoints", Family: plan.IPv4, Services: func() []*pb.Service { return []*pb.Service{ITPLocal(false)} }},
-	{Name: "affinity", Family: plan.IPv4, Services: one(AffinityService)},
-	{Name: "lb-source-ranges", Family: plan.IPv4, Services: one(LBSourceRanges)},
-	{Name: "external-ip", Family: plan.IPv4, Services: one(ExternalIPService)},
-	{Name: "sctp-udp", Family: plan.IPv4, Services: one(SCTPUDPService)},
-	{Name: "dual-stack-ipv4", Family: plan.IPv4, Services: one(DualStackService)},
-	{Name: "dual-stack-ipv6", Family: plan.IPv6, Services: one(DualStackService)},
-	{Name: "multi-port", Family: plan.IPv4, Services: one(MultiPortService)},
+	{Name: "clusterip", Family: dataplane.IPv4, Services: one(ClusterIPTwoEndpoints)},
+	{Name: "nodeport", Family: dataplane.IPv4, Services: one(NodePortService)},
+	{Name: "no-endpoints", Family: dataplane.IPv4, Services: one(NoEndpointsService)},
+	{Name: "etp-local", Family: dataplane.IPv4, Services: func() []*pb.Service { return []*pb.Service{ETPLocal(true)} }},
+	{Name: "etp-local-no-local-endpoints", Family: dataplane.IPv4, Services: func() []*pb.Service { return []*pb.Service{ETPLocal(false)} }},
+	{Name: "itp-local", Family: dataplane.IPv4, Services: func() []*pb.Service { return []*pb.Service{ITPLocal(true)} }},
+	{Name: "itp-local-no-local-endpoints", Family: dataplane.IPv4, Services: func() []*pb.Service { return []*pb.Service{ITPLocal(false)} }},
+	{Name: "affinity", Family: dataplane.IPv4, Services: one(AffinityService)},
+	{Name: "lb-source-ranges", Family: dataplane.IPv4, Services: one(LBSourceRanges)},
+	{Name: "external-ip", Family: dataplane.IPv4, Services: one(ExternalIPService)},
+	{Name: "sctp-udp", Family: dataplane.IPv4, Services: one(SCTPUDPService)},
+	{Name: "dual-stack-ipv4", Family: dataplane.IPv4, Services: one(DualStackService)},
+	{Name: "dual-stack-ipv6", Family: dataplane.IPv6, Services: one(DualStackService)},
+	{Name: "multi-port", Family: dataplane.IPv4, Services: one(MultiPortService)},
 	{
-		Name: "nodeport-addresses", Family: plan.IPv4, Services: one(NodePortService),
+		Name: "nodeport-addresses", Family: dataplane.IPv4, Services: one(NodePortService),
 		Config: Tweaks{NodePortAddresses: []string{"192.168.100.0/24", "fd00:100::/64"}},
 	},
 	{
-		Name: "no-local-detection", Family: plan.IPv4, Services: func() []*pb.Service { return []*pb.Service{ClusterIPTwoEndpoints(), ETPLocal(true)} },
-		Config: Tweaks{LocalMode: plan.LocalNone, NoRandomFully: true, ConntrackTCPBeLiberal: true},
+		Name: "no-local-detection", Family: dataplane.IPv4, Services: func() []*pb.Service { return []*pb.Service{ClusterIPTwoEndpoints(), ETPLocal(true)} },
+		Config: Tweaks{LocalMode: dataplane.LocalNone, NoRandomFully: true, ConntrackTCPBeLiberal: true},
 	},
 	{
-		Name: "masquerade-all-node-cidr", Family: plan.IPv4, Services: one(ClusterIPTwoEndpoints),
-		Config: Tweaks{MasqueradeAll: true, LocalMode: plan.LocalNodeCIDR, MasqueradeBit: 5},
+		Name: "masquerade-all-node-cidr", Family: dataplane.IPv4, Services: one(ClusterIPTwoEndpoints),
+		Config: Tweaks{MasqueradeAll: true, LocalMode: dataplane.LocalNodeCIDR, MasqueradeBit: 5},
 	},
 }
 

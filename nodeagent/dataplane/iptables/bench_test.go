@@ -11,7 +11,9 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // BenchmarkSync measures syncs on the real kernel, in a throwaway network
@@ -39,8 +41,8 @@ func BenchmarkSync(b *testing.B) {
 	sizes := dptest.EnvInts(b, "PP_BENCH_SIZES", []int{1000, 5000, 10000})
 	reps := dptest.EnvInts(b, "PP_BENCH_REPS", []int{3})[0]
 	var rows []benchRow
-	for _, backend := range []Backend{BackendNFT, BackendLegacy} {
-		if _, err := exec.LookPath(binaryNames(IPv4, backend).restore); err != nil {
+	for _, backend := range []xtables.Backend{xtables.BackendNFT, xtables.BackendLegacy} {
+		if _, err := exec.LookPath(xtables.BinariesOf(dataplane.IPv4, backend).Restore); err != nil {
 			b.Logf("%s not installed: skipped", backend)
 			continue
 		}
@@ -59,26 +61,33 @@ func BenchmarkSync(b *testing.B) {
 }
 
 type benchRow struct {
-	backend                 Backend
+	backend                 xtables.Backend
 	services, bytes         int
 	render, jumps           time.Duration
 	fullInitial, fullSteady time.Duration
 	floor                   time.Duration
 	partialEP, partialSvc   time.Duration
-	partialBytes            int
 }
 
 func (r benchRow) ratio() float64 { return r.fullSteady.Seconds() / r.floor.Seconds() }
 
-func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
+func benchOne(b *testing.B, backend xtables.Backend, n, reps int) benchRow {
 	b.Helper()
 	tp := nstest.New(b, nstest.Options{Pods: 1})
-	cfg := DefaultConfig(IPv4)
+	cfg := DefaultConfig(dataplane.IPv4)
 	cfg.Backend = backend
-	cfg.LocalMode = LocalClusterCIDR
+	cfg.LocalMode = dataplane.LocalClusterCIDR
 	cfg.ClusterCIDRs = []string{"10.0.0.0/8"}
 	cfg.CommandPrefix = []string{"ip", "netns", "exec", tp.NodeNS()}
-	d, err := New(cfg)
+	partials, failures := 0, 0
+	d, err := New(cfg, func(r dataplane.SyncResult) {
+		switch {
+		case r.Err != nil:
+			failures++
+		case !r.Full:
+			partials++
+		}
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -101,21 +110,21 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 
 	// Steady full syncs and the floor, interleaved so that drift in the
 	// machine's load hits both alike.
-	p := newParams(&d.cfg, tbl.Node)
+	p := newParams(&d.b.cfg, tbl.Node)
 	p.backend = backend
 	var full, floor, rend []time.Duration
 	for range reps {
 		var rs *ruleset
 		rend = append(rend, timed(func() error {
-			rs = render(&renderInput{table: tbl, params: p, full: true, prev: d.state, refreshJumps: true})
+			rs = render(&renderInput{table: tbl, params: p, full: true, prev: d.b.state, refreshJumps: true})
 			return nil
 		}))
 		row.bytes = len(rs.data)
 		full = append(full, timed(func() error { return d.Sync(ctx, tbl, nil, true) }))
-		floor = append(floor, timed(func() error { return d.r.Restore(ctx, rs.data, "--noflush") }))
+		floor = append(floor, timed(func() error { return d.b.r.Restore(ctx, rs.data, "--noflush") }))
 	}
 	row.fullSteady, row.floor, row.render = dptest.Median(full), dptest.Median(floor), dptest.Median(rend)
-	row.jumps = timed(func() error { return ensureJumps(ctx, d.r) })
+	row.jumps = timed(func() error { return xtables.EnsureJumps(ctx, d.b.r, jumps) })
 
 	// Partial: one Service's endpoints change back and forth.
 	var partial []time.Duration
@@ -125,7 +134,6 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 		next := dptest.Replace(b, cur, s)
 		partial = append(partial, timed(func() error { return d.Sync(ctx, next, []string{"ns/" + s.Name}, false) }))
 		cur = next
-		row.partialBytes = d.Stats().LastRestoreBytes
 	}
 	row.partialEP = dptest.Median(partial)
 
@@ -138,8 +146,8 @@ func benchOne(b *testing.B, backend Backend, n, reps int) benchRow {
 		cur = next
 	}
 	row.partialSvc = dptest.Median(partial)
-	if st := d.Stats(); st.PartialSyncs == 0 || st.RestoreFailures != 0 {
-		b.Fatalf("unexpected stats %+v", st)
+	if partials == 0 || failures != 0 {
+		b.Fatalf("%d partial syncs and %d failures, want partial syncs and no failure", partials, failures)
 	}
 	return row
 }
@@ -161,9 +169,9 @@ func printBenchTable(w *os.File, rows []benchRow) {
 // the part of a full sync that is ours (pure, no kernel needed).
 func BenchmarkRender(b *testing.B) {
 	tbl := dptest.Table(b, &pb.NodeInfo{Name: "bench", Hash: 1}, dptest.ScaleServices(10000, 3)...)
-	cfg := testConfig(IPv4)
+	cfg := testConfig(dataplane.IPv4)
 	p := newParams(&cfg, tbl.Node)
-	p.backend = BackendNFT
+	p.backend = xtables.BackendNFT
 	b.ReportAllocs()
 	for b.Loop() {
 		render(&renderInput{table: tbl, params: p, full: true})

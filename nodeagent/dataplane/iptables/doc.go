@@ -8,14 +8,13 @@
 //   - plan.go and render.go turn a proxytable.Table into iptables-restore
 //     input, with the per-port decisions of package plan. They are pure:
 //     no I/O, no goroutines, deterministic output.
-//   - runner.go runs the tools (iptables-restore, iptables-save, iptables)
-//     behind the small runner interface; detect.go chooses between the
-//     legacy and nft backends as kube-proxy's iptables-wrapper does (the
-//     IPVS dataplane detects with it too); jumps.go hooks our chains into
-//     the built-in ones.
-//   - dataplane.go is the Dataplane: full and partial syncs, what the
-//     kernel holds (to rewrite only what changed and prune what is gone),
-//     and recovery after a failed restore.
+//   - package xtables runs the tools (iptables-restore, iptables-save,
+//     iptables) behind its small Runner interface, and chooses between
+//     the legacy and nft backends as kube-proxy's iptables-wrapper does;
+//     jumps.go lists the hooks of our chains in the built-in ones.
+//   - dataplane.go is the Dataplane: a dataplane.Driver running the
+//     engine, which holds what the kernel holds (to rewrite only what
+//     changed and prune what is gone) and forgets it after a failure.
 //
 // README.md in this directory explains the ruleset: every chain, why each
 // hook, and the choices that are not obvious from the code.

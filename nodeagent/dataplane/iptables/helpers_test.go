@@ -10,17 +10,19 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // ---- Configuration -----------------------------------------------------
 
 // testConfig is the unit tests' configuration of family.
-func testConfig(family Family) Config {
+func testConfig(family dataplane.Family) Config {
 	c := DefaultConfig(family)
-	c.Backend = BackendNFT
-	c.LocalMode = LocalClusterCIDR
+	c.Backend = xtables.BackendNFT
+	c.LocalMode = dataplane.LocalClusterCIDR
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{"192.168.100.1", "fd00:100::1"}
 	return c
@@ -29,11 +31,17 @@ func testConfig(family Family) Config {
 // caseConfig is c's configuration: testConfig of its family, changed as
 // the case says.
 func caseConfig(c dptest.Case) Config {
-	cfg, t := testConfig(Family(c.Family)), c.Config
+	cfg, t := testConfig(c.Family), c.Config
 	cfg.LocalMode, cfg.MasqueradeBit = cmp.Or(t.LocalMode, cfg.LocalMode), cmp.Or(t.MasqueradeBit, cfg.MasqueradeBit)
 	cfg.NodePortAddresses, cfg.MasqueradeAll = t.NodePortAddresses, t.MasqueradeAll
 	cfg.NoRandomFully, cfg.ConntrackTCPBeLiberal = t.NoRandomFully, t.ConntrackTCPBeLiberal
 	return cfg
+}
+
+// newTestDataplane returns a Dataplane of cfg writing to f as the runner
+// of cfg.Backend, reporting its syncs to observe (nil for none).
+func newTestDataplane(cfg Config, f xtables.Runner, observe dataplane.Observer) *Dataplane {
+	return newDataplane(cfg, map[xtables.Backend]xtables.Runner{cfg.Backend: f}, observe)
 }
 
 // renderFull renders t as a full sync would on an empty kernel.
@@ -76,7 +84,7 @@ func (f *fakeRunner) Restore(_ context.Context, data []byte, flags ...string) er
 		return fmt.Errorf("fake runner: restore without --noflush would flush the whole table")
 	}
 	if line, err := f.kernel.apply(string(data)); err != nil {
-		return &RestoreError{Binary: "fake-restore", Line: line, Stderr: err.Error(), Err: err}
+		return &xtables.RestoreError{Tool: "fake-restore", Line: line, Stderr: err.Error(), Err: err}
 	}
 	return nil
 }

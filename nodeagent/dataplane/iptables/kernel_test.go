@@ -12,7 +12,9 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // The real-kernel tests program a node namespace built by nstest and prove
@@ -20,10 +22,10 @@ import (
 // namespaces. They need root and skip without it (CI runs as root).
 
 // kernelConfig programs tp's node namespace with backend.
-func kernelConfig(tp *nstest.Topology, family Family, backend Backend) Config {
+func kernelConfig(tp *nstest.Topology, family dataplane.Family, backend xtables.Backend) Config {
 	c := DefaultConfig(family)
 	c.Backend = backend
-	c.LocalMode = LocalClusterCIDR
+	c.LocalMode = dataplane.LocalClusterCIDR
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{tp.NodeIP().String(), tp.NodeIPv6().String()}
 	c.CommandPrefix = []string{"ip", "netns", "exec", tp.NodeNS()}
@@ -31,11 +33,11 @@ func kernelConfig(tp *nstest.Topology, family Family, backend Backend) Config {
 }
 
 // backends lists the backends whose tools are installed.
-func backends(t *testing.T) []Backend {
+func backends(t *testing.T) []xtables.Backend {
 	t.Helper()
-	var out []Backend
-	for _, b := range []Backend{BackendNFT, BackendLegacy} {
-		if _, err := exec.LookPath(binaryNames(IPv4, b).restore); err == nil {
+	var out []xtables.Backend
+	for _, b := range []xtables.Backend{xtables.BackendNFT, xtables.BackendLegacy} {
+		if _, err := exec.LookPath(xtables.BinariesOf(dataplane.IPv4, b).Restore); err == nil {
 			out = append(out, b)
 		} else {
 			t.Logf("%s iptables not installed, not tested: %v", b, err)
@@ -57,10 +59,11 @@ func TestKernel(t *testing.T) {
 	}
 }
 
-func testKernel(t *testing.T, backend Backend) {
+func testKernel(t *testing.T, backend xtables.Backend) {
 	t.Helper()
 	tp := dptest.KernelTopology(t)
-	d, err := New(kernelConfig(tp, IPv4, backend))
+	var last dataplane.SyncResult
+	d, err := New(kernelConfig(tp, dataplane.IPv4, backend), func(r dataplane.SyncResult) { last = r })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +78,9 @@ func testKernel(t *testing.T, backend Backend) {
 		web := proto.CloneOf(services["web"])
 		web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.PodEP(tp, 0, 8080)), dptest.Eps("dns", dptest.PodEP(tp, 0, 5353))}
 		services["web"] = web
-		before := d.Stats().PartialSyncs
 		k.Sync(false, dptest.Sorted(services)...)
-		if d.Stats().PartialSyncs != before+1 {
-			t.Fatalf("sync was not partial: %+v", d.Stats())
+		if last.Full {
+			t.Fatalf("sync was not partial: %+v", last)
 		}
 		// Every dial is a new flow (fresh source port), so conntrack
 		// cannot pin an old choice.
@@ -97,13 +99,12 @@ func testKernel(t *testing.T, backend Backend) {
 		services["added"] = added
 		delete(services, "empty")
 		delete(services, "sticky")
-		before := d.Stats().PartialSyncs
 		k.Sync(false, dptest.Sorted(services)...)
-		if d.Stats().PartialSyncs != before+1 {
-			t.Fatalf("sync was not partial: %+v", d.Stats())
+		if last.Full {
+			t.Fatalf("sync was not partial: %+v", last)
 		}
 		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 10, "pod-1")
-		out, err := tp.Exec(node, binaryNames(IPv4, backend).save, "-t", "nat")
+		out, err := tp.Exec(node, xtables.BinariesOf(dataplane.IPv4, backend).Save, "-t", "nat")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,11 +119,11 @@ func testKernel(t *testing.T, backend Backend) {
 	})
 	t.Run("full sync prunes stale chains", func(t *testing.T) {
 		k.Sync(true, services["web"], services["added"])
-		out, err := tp.Exec(node, binaryNames(IPv4, backend).save, "-t", "nat")
+		out, err := tp.Exec(node, xtables.BinariesOf(dataplane.IPv4, backend).Save, "-t", "nat")
 		if err != nil {
 			t.Fatal(err)
 		}
-		chains, _ := scanSave(out)
+		chains, _ := xtables.ScanSave(out)
 		var ours []string
 		for _, c := range chains {
 			if isServiceChain(c) {
@@ -139,7 +140,7 @@ func testKernel(t *testing.T, backend Backend) {
 		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 5, "pod-1")
 	})
 	t.Run("full sync repairs flushed jumps", func(t *testing.T) {
-		ipt := binaryNames(IPv4, backend).iptables
+		ipt := xtables.BinariesOf(dataplane.IPv4, backend).IPTables
 		for _, chain := range []string{"PREROUTING", "OUTPUT"} {
 			if out, err := tp.Exec(node, ipt, "-w", "5", "-t", "nat", "-F", chain); err != nil {
 				t.Fatalf("%s: %v", out, err)
@@ -154,7 +155,7 @@ func testKernel(t *testing.T, backend Backend) {
 	})
 
 	t.Run("IPv6", func(t *testing.T) {
-		d6, err := New(kernelConfig(tp, IPv6, backend))
+		d6, err := New(kernelConfig(tp, dataplane.IPv6, backend), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,14 +174,14 @@ func TestKernelProductionPath(t *testing.T) {
 	tp := nstest.New(t, nstest.Options{})
 	tp.ServeTCP(0, 8080)
 	tp.ServeTCP(1, 8080)
-	cfg := kernelConfig(tp, IPv4, BackendAuto)
+	cfg := kernelConfig(tp, dataplane.IPv4, xtables.BackendAuto)
 	cfg.CommandPrefix = nil
 	s := dptest.KernelServices(tp)
 	tbl := dptest.Table(t, dptest.KernelNode(), s["web"], s["np"])
 	var d *Dataplane
 	err := tp.Do(tp.NodeNS(), func() error {
 		var err error
-		if d, err = New(cfg); err != nil {
+		if d, err = New(cfg, nil); err != nil {
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -190,7 +191,7 @@ func TestKernelProductionPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b := d.Stats().Backend; b != BackendNFT {
+	if b := d.b.tools.Backend(); b != xtables.BackendNFT {
 		t.Errorf("detected backend %q in an empty namespace, want nft", b)
 	}
 	got, err := tp.Spread(tp.ClientNS(), "10.96.0.10:80", 30, dptest.DialTimeout)
@@ -219,7 +220,7 @@ func TestKernelDetectsLegacy(t *testing.T) {
 			t.Fatalf("%s: %v", out, err)
 		}
 	}
-	d, err := New(kernelConfig(tp, IPv4, BackendAuto))
+	d, err := New(kernelConfig(tp, dataplane.IPv4, xtables.BackendAuto), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ func TestKernelDetectsLegacy(t *testing.T) {
 	if err := d.Sync(ctx, dptest.Table(t, dptest.KernelNode()), nil, true); err != nil {
 		t.Fatal(err)
 	}
-	if b := d.Stats().Backend; b != BackendLegacy {
+	if b := d.b.tools.Backend(); b != xtables.BackendLegacy {
 		t.Fatalf("detected %q, want legacy (the node's rules are legacy)", b)
 	}
 }
@@ -238,7 +239,7 @@ func TestKernelDetectsLegacy(t *testing.T) {
 func TestKernelRestoreError(t *testing.T) {
 	nstest.RequireRoot(t)
 	tp := nstest.New(t, nstest.Options{Pods: 1})
-	d, err := New(kernelConfig(tp, IPv4, BackendNFT))
+	d, err := New(kernelConfig(tp, dataplane.IPv4, xtables.BackendNFT), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +259,7 @@ func TestKernelRestoreError(t *testing.T) {
 	// DNAT port iptables-restore refuses.
 	tbl.Entries["ns/bad"].Service.ClusterEndpoints[0].Endpoints[0].Port = 99999
 	err = d.Sync(ctx, tbl, []string{"ns/bad"}, false)
-	var re *RestoreError
+	var re *xtables.RestoreError
 	if !errors.As(err, &re) {
 		t.Fatalf("Sync error = %v, want a RestoreError", err)
 	}
@@ -282,7 +283,7 @@ func TestKernelLargeInput(t *testing.T) {
 	for _, backend := range backends(t) {
 		t.Run(string(backend), func(t *testing.T) {
 			tp := nstest.New(t, nstest.Options{Pods: 1})
-			d, err := New(kernelConfig(tp, IPv4, backend))
+			d, err := New(kernelConfig(tp, dataplane.IPv4, backend), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -291,11 +292,11 @@ func TestKernelLargeInput(t *testing.T) {
 			if err := d.Sync(ctx, dptest.Table(t, dptest.KernelNode(), dptest.ScaleServices(300, 3)...), nil, true); err != nil {
 				t.Fatal(err)
 			}
-			out, err := tp.Exec(tp.NodeNS(), binaryNames(IPv4, backend).save, "-t", "nat")
+			out, err := tp.Exec(tp.NodeNS(), xtables.BinariesOf(dataplane.IPv4, backend).Save, "-t", "nat")
 			if err != nil {
 				t.Fatal(err)
 			}
-			chains, rules := scanSave(out)
+			chains, rules := xtables.ScanSave(out)
 			seps := 0
 			for _, c := range chains {
 				if strings.HasPrefix(c, prefixSep) {

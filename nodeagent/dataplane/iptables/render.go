@@ -12,13 +12,15 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // params is everything rendering needs besides the table, resolved from
 // Config and the table's NodeInfo at each sync.
 type params struct {
-	family        Family
+	family        dataplane.Family
 	mark          string // the masquerade bit as a mark value, "0x004000"
 	masqueradeAll bool
 	// localCIDR is the pod CIDR of the family; "" when pod traffic cannot
@@ -30,7 +32,7 @@ type params struct {
 	dropInvalid   bool
 	randomFully   bool
 	// backend shapes the input where the tools differ in speed.
-	backend Backend
+	backend xtables.Backend
 }
 
 // nftCacheAllChains is the number of chains in one nat input above which
@@ -39,7 +41,7 @@ type params struct {
 const nftCacheAllChains = 500
 
 func newParams(c *Config, node *pb.NodeInfo) params {
-	set := c.settings()
+	set := &c.Settings
 	p := params{
 		family:        c.Family,
 		mark:          fmt.Sprintf("%#08x", uint32(1)<<uint(c.MasqueradeBit)),
@@ -57,7 +59,8 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 }
 
 // fingerprint identifies everything in p that rules depend on; a change
-// (the node's pod CIDR in NodeCIDR mode) makes the next sync a full one.
+// (the node's pod CIDR in NodeCIDR mode) makes the Driver's next sync a
+// full one.
 func (p *params) fingerprint() string { return fmt.Sprintf("%+v", *p) }
 
 // largeClusterEndpoints is kube-proxy's threshold above which per-endpoint
@@ -68,16 +71,14 @@ const largeClusterEndpoints = 1000
 // programmed is what a successful restore left in the kernel: the input a
 // partial sync needs to know what to rewrite and what to delete.
 type programmed struct {
-	params   string
 	large    bool // comments left out of per-endpoint rules
 	services map[string]*serviceState
 }
 
 // serviceState is what one Service wrote.
 type serviceState struct {
-	chains    []string // its nat chains, in the order written
-	hash      uint64   // of its chains' declarations and rules
-	endpoints int      // PP-SEP chains among chains
+	chains []string // its nat chains, in the order written
+	hash   uint64   // of its chains' declarations and rules
 	// Its lines in the dispatch chains (nat PP-SERVICES and PP-NODEPORTS)
 	// and in the filter table, reused verbatim by partial syncs that do
 	// not touch the Service.
@@ -118,9 +119,9 @@ type ruleset struct {
 	// dispatchEdits are a partial sync's in-place edits of the dispatch
 	// chains.
 	dispatchEdits lineBuffer
-	// What was written, for tests and stats.
+	// wroteDispatch and wroteFilter say whether the input rewrites the
+	// dispatch chains and the filter table whole.
 	wroteDispatch, wroteFilter bool
-	servicesWritten            []string
 }
 
 // render produces the iptables-restore input for in. It is pure: no I/O,
@@ -128,7 +129,7 @@ type ruleset struct {
 func render(in *renderInput) *ruleset {
 	r := &renderer{p: &in.params}
 	keys := in.table.Keys()
-	next := &programmed{params: in.params.fingerprint(), services: make(map[string]*serviceState, len(keys))}
+	next := &programmed{services: make(map[string]*serviceState, len(keys))}
 	changed := map[string]bool{}
 	if in.full {
 		total := 0
@@ -148,7 +149,7 @@ func render(in *renderInput) *ruleset {
 		r.natRules.b = make([]byte, 0, 200*total+700*len(plans))
 		r.natChains.b = make([]byte, 0, 32*(total+2*len(plans)))
 		for _, plan := range plans {
-			next.services[plan.key] = r.service(plan, nil)
+			next.services[plan.Key] = r.service(plan, nil)
 		}
 	} else {
 		next.large, r.large = in.prev.large, in.prev.large
@@ -171,7 +172,7 @@ func render(in *renderInput) *ruleset {
 		}
 	}
 
-	rs := &ruleset{next: next, servicesWritten: r.written}
+	rs := &ruleset{next: next}
 	// Stale chains: what was there and is not any more.
 	active := func(name string) bool { return false }
 	var candidates []string
@@ -279,7 +280,7 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 	a.b = make([]byte, 0, size)
 	natStart := a.lines
 	a.raw("*nat")
-	if p.backend == BackendNFT && r.natChains.lines+len(rs.stale) > nftCacheAllChains {
+	if p.backend == xtables.BackendNFT && r.natChains.lines+len(rs.stale) > nftCacheAllChains {
 		// iptables-nft-restore --noflush (1.8.x) records every chain a
 		// command names in a sorted list, inserting by linear search:
 		// quadratic in the chains of the input (10k services: minutes).
@@ -380,7 +381,7 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 }
 
 // ownerJumps owns the jump lines of an input, so that a restore failing on
-// one is recognised (see Dataplane.Sync).
+// one is recognised (see engine.full).
 const ownerJumps = "\x00jumps"
 
 // writeJumps re-asserts the jumps of table inside the restore: each is
@@ -388,17 +389,17 @@ const ownerJumps = "\x00jumps"
 // full restore, keeps them first in their built-in chain, and is atomic
 // with the rest. It requires the jumps to be there: the -D fails the
 // restore otherwise (someone flushed a built-in chain), and the
-// Dataplane then installs them one by one and retries.
+// engine then installs them one by one and retries.
 func writeJumps(a *assembler, table string) {
 	l := &lineBuffer{}
 	l.owner(ownerJumps)
 	for _, j := range jumps {
-		if j.table != table {
+		if j.Table != table {
 			continue
 		}
-		rule := strings.Join(quoteRestore(j.rule()), " ")
-		l.write("-D", j.from, rule)
-		l.write("-I", j.from, "1", rule)
+		rule := strings.Join(quoteRestore(j.Rule()), " ")
+		l.write("-D", j.From, rule)
+		l.write("-I", j.From, "1", rule)
 	}
 	a.add(l)
 }
@@ -433,7 +434,6 @@ type renderer struct {
 	natChains, natRules lineBuffer
 	// scratch buffers for one Service's dispatch and filter lines.
 	dispatch, filter lineBuffer
-	written          []string
 }
 
 // service renders plan: its lines in the dispatch chains and the filter
@@ -447,26 +447,21 @@ func (r *renderer) service(plan *svcPlan, prev *serviceState) *serviceState {
 	for i := range plan.ports {
 		r.portDispatch(plan, &plan.ports[i])
 	}
-	if plan.hcNodePort != 0 {
+	if plan.HealthCheckNodePort != 0 {
 		// The health check server answers whether or not there are local
 		// endpoints; the port must be open whatever the node's INPUT
 		// policy.
-		r.filter.write("-A", chainNodePorts, "-m", "comment", "--comment", `"`+plan.key+` health check node port"`,
-			"-m", "tcp", "-p", "tcp", "--dport", itoa(plan.hcNodePort), "-j", "ACCEPT")
+		r.filter.write("-A", chainNodePorts, "-m", "comment", "--comment", `"`+plan.Key+` health check node port"`,
+			"-m", "tcp", "-p", "tcp", "--dport", itoa(plan.HealthCheckNodePort), "-j", "ACCEPT")
 	}
 	st.dispatch, st.dispatchLines = bytes.Clone(r.dispatch.b), r.dispatch.lines
 	st.filter, st.filterLines = bytes.Clone(r.filter.b), r.filter.lines
 
 	cm, rm := r.natChains.mark(), r.natRules.mark()
-	r.natChains.owner(plan.key)
-	r.natRules.owner(plan.key)
+	r.natChains.owner(plan.Key)
+	r.natRules.owner(plan.Key)
 	for i := range plan.ports {
 		st.chains = r.portChains(plan, &plan.ports[i], st.chains)
-	}
-	for _, c := range st.chains {
-		if strings.HasPrefix(c, prefixSep) {
-			st.endpoints++
-		}
 	}
 	d := xxhash.New()
 	_, _ = d.Write(r.natChains.since(cm))
@@ -476,9 +471,7 @@ func (r *renderer) service(plan *svcPlan, prev *serviceState) *serviceState {
 		// Same chains, same rules: nothing to rewrite.
 		r.natChains.truncate(cm)
 		r.natRules.truncate(rm)
-		return st
 	}
-	r.written = append(r.written, plan.key)
 	return st
 }
 
@@ -557,8 +550,10 @@ func (r *renderer) portDispatch(plan *svcPlan, pp *portPlan) {
 				[]string{"--dport", pp.nodePort, "-j", pp.extChain})
 		}
 		if !pp.HasExternalEndpoints {
-			f.writeN([]string{"-A", chainExternalServices, "-m", "comment", "--comment", externalComment,
-				"-m", "addrtype", "--dst-type", "LOCAL"}, proto,
+			f.writeN([]string{
+				"-A", chainExternalServices, "-m", "comment", "--comment", externalComment,
+				"-m", "addrtype", "--dst-type", "LOCAL",
+			}, proto,
 				[]string{"--dport", pp.nodePort, "-j", externalFilter})
 		}
 	}
@@ -573,8 +568,10 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 	// so that replies from an endpoint on another node come back through
 	// this node (a ClusterIP route pointed at any node works).
 	if pp.HasInternalEndpoints {
-		match := []string{"-m", "comment", "--comment", `"` + pp.Name + ` cluster IP"`, "-m", pp.proto, "-p", pp.proto,
-			"-d", plan.clusterIP, "--dport", pp.port}
+		match := []string{
+			"-m", "comment", "--comment", `"` + pp.Name + ` cluster IP"`, "-m", pp.proto, "-p", pp.proto,
+			"-d", plan.clusterIP, "--dport", pp.port,
+		}
 		switch {
 		case p.masqueradeAll:
 			w.writeN([]string{"-A", pp.internalChain}, match, []string{"-j", chainMarkMasq})
@@ -586,7 +583,7 @@ func (r *renderer) portChains(plan *svcPlan, pp *portPlan, chains []string) []st
 	if pp.UsesExternal {
 		c.write(chainLine(pp.extChain))
 		chains = append(chains, pp.extChain)
-		if !plan.externalLocal {
+		if !plan.ExternalLocal {
 			// Endpoints may be on other nodes: masquerade so replies
 			// return through this node.
 			w.write("-A", pp.extChain, "-m", "comment", "--comment", `"masquerade traffic for `+pp.Name+` external destinations"`,
@@ -705,11 +702,7 @@ func (r *renderer) nodePortJumps(d *lineBuffer) {
 	if p.nodePortAll {
 		// Loopback NodePorts would need route_localnet (a security
 		// hole, kubernetes #90259); IPv6 never supports them.
-		lo := "127.0.0.0/8"
-		if p.family == IPv6 {
-			lo = "::1/128"
-		}
-		d.writeN(comment, []string{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", lo, "-j", chainNodePorts})
+		d.writeN(comment, []string{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", p.family.Loopback().String(), "-j", chainNodePorts})
 		return
 	}
 	for _, cidr := range p.nodePortCIDRs {

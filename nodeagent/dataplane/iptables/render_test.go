@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -26,7 +28,7 @@ func TestGolden(t *testing.T) {
 			// The kernel model must accept it: every jump target exists,
 			// nothing deleted is still referenced.
 			f := newFakeRunner()
-			d := newDataplane(cfg, map[Backend]runner{BackendNFT: f})
+			d := newTestDataplane(cfg, f, nil)
 			if err := d.Sync(context.Background(), dptest.Table(t, dptest.Node(), c.Services()...), nil, true); err != nil {
 				t.Fatalf("Sync: %v", err)
 			}
@@ -39,7 +41,7 @@ func TestGolden(t *testing.T) {
 // comparisons rely on it).
 func TestRenderDeterministic(t *testing.T) {
 	all := dptest.CaseServices()
-	cfg := testConfig(IPv4)
+	cfg := testConfig(dataplane.IPv4)
 	a := renderFull(dptest.Table(t, dptest.Node(), all...), cfg)
 	rev := make([]*pb.Service, len(all))
 	for i, s := range all {
@@ -92,8 +94,8 @@ func TestFamilyFiltering(t *testing.T) {
 	v6only.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "[fd00:244:2::20]:80")}
 	tbl := dptest.Table(t, dptest.Node(), dptest.DualStackService(), v6only)
 
-	v4 := string(renderFull(tbl, testConfig(IPv4)).data)
-	v6 := string(renderFull(tbl, testConfig(IPv6)).data)
+	v4 := string(renderFull(tbl, testConfig(dataplane.IPv4)).data)
+	v6 := string(renderFull(tbl, testConfig(dataplane.IPv6)).data)
 	for _, s := range []string{"fd00:", "ns/v6only"} {
 		if strings.Contains(v4, s) {
 			t.Errorf("IPv4 ruleset mentions %q:\n%s", s, v4)
@@ -113,13 +115,13 @@ func TestFamilyFiltering(t *testing.T) {
 // above 1000 endpoints, per-endpoint rules carry no comments.
 func TestLargeClusterDropsComments(t *testing.T) {
 	tbl := dptest.Table(t, dptest.Node(), dptest.ScaleServices(400, 3)...)
-	rs := renderFull(tbl, testConfig(IPv4))
+	rs := renderFull(tbl, testConfig(dataplane.IPv4))
 	for _, line := range strings.Split(string(rs.data), "\n") {
 		if strings.HasPrefix(line, "-A PP-SEP-") && strings.Contains(line, "--comment") {
 			t.Fatalf("large cluster: endpoint rule has a comment: %s", line)
 		}
 	}
-	small := renderFull(dptest.Table(t, dptest.Node(), dptest.ScaleServices(10, 3)...), testConfig(IPv4))
+	small := renderFull(dptest.Table(t, dptest.Node(), dptest.ScaleServices(10, 3)...), testConfig(dataplane.IPv4))
 	if !strings.Contains(string(small.data), "-A PP-SEP-") || !strings.Contains(string(small.data), "--comment ns/svc-0:http -s") {
 		t.Fatalf("small cluster: endpoint rules lack comments")
 	}
@@ -133,14 +135,14 @@ func TestNFTListsWhenLarge(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
 		tbl     *proxytable.Table
-		backend Backend
+		backend xtables.Backend
 		want    bool
 	}{
-		{"large nft", large, BackendNFT, true},
-		{"small nft", small, BackendNFT, false},
-		{"large legacy", large, BackendLegacy, false},
+		{"large nft", large, xtables.BackendNFT, true},
+		{"small nft", small, xtables.BackendNFT, false},
+		{"large legacy", large, xtables.BackendLegacy, false},
 	} {
-		p := newParams(&Config{Family: IPv4, MasqueradeBit: 14}, tt.tbl.Node)
+		p := newParams(&Config{Settings: dataplane.DefaultSettings(dataplane.IPv4)}, tt.tbl.Node)
 		p.backend = tt.backend
 		rs := render(&renderInput{table: tt.tbl, params: p, full: true})
 		if got := strings.HasPrefix(string(rs.data), "*nat\n-S\n"); got != tt.want {

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -21,12 +22,15 @@ type syncer struct {
 	f    *fakeRunner
 	d    *Dataplane
 	prev *proxytable.Table
+	// rec has the syncs the Driver reported, in order.
+	rec dptest.Recorder
 }
 
 func newSyncer(t *testing.T, cfg Config) *syncer {
 	t.Helper()
-	f := newFakeRunner()
-	return &syncer{t: t, cfg: cfg, f: f, d: newDataplane(cfg, map[Backend]runner{cfg.Backend: f}), prev: proxytable.Empty()}
+	s := &syncer{t: t, cfg: cfg, f: newFakeRunner(), prev: proxytable.Empty()}
+	s.d = newTestDataplane(cfg, s.f, s.rec.Observe)
+	return s
 }
 
 // sync programs services, fully or as a delta from the previous table,
@@ -67,7 +71,7 @@ func (s *syncer) mustSync(full bool, services ...*pb.Service) string {
 func (s *syncer) assertKernelLikeFullSync() {
 	s.t.Helper()
 	ref := newFakeRunner()
-	d := newDataplane(s.cfg, map[Backend]runner{s.cfg.Backend: ref})
+	d := newTestDataplane(s.cfg, ref, nil)
 	if err := d.Sync(context.Background(), s.prev, nil, true); err != nil {
 		s.t.Fatalf("reference Sync: %v", err)
 	}
@@ -81,7 +85,7 @@ func (s *syncer) assertKernelLikeFullSync() {
 func declares(data, chain string) bool { return strings.Contains(data, "\n:"+chain+" - [0:0]\n") }
 
 func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	others := dptest.ScaleServices(20, 2)
 	web := dptest.ClusterIPTwoEndpoints()
 	s.mustSync(true, append(others, web)...)
@@ -116,7 +120,7 @@ func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
 }
 
 func TestPartialSyncAddAndRemove(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	others := dptest.ScaleServices(5, 2)
 	s.mustSync(true, others...)
 
@@ -151,7 +155,7 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 }
 
 func TestPartialSyncLosingEndpointsRewritesFilter(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
 	gone := dptest.ClusterIPTwoEndpoints()
 	gone.Ports[0].HasEndpoints = false
@@ -164,7 +168,7 @@ func TestPartialSyncLosingEndpointsRewritesFilter(t *testing.T) {
 }
 
 func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.DualStackService())
 	v6changed := dptest.DualStackService()
 	v6changed.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", "[fd00:244:3::10]:8080")}
@@ -178,7 +182,7 @@ func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
 }
 
 func TestFullSyncPrunesStaleChains(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	// Leftovers of an earlier process, and chains that are not ours.
 	if _, err := s.f.kernel.apply("*nat\n:PP-SVC-OLDOLDOLDOLDOLD1 - [0:0]\n:PP-SEP-OLDOLDOLDOLDOLD1 - [0:0]\n" +
 		":KUBE-SVC-XPGD46QRK7WJZT7O - [0:0]\n:CNI-HOSTPORT - [0:0]\n-A PP-SVC-OLDOLDOLDOLDOLD1 -j PP-SEP-OLDOLDOLDOLDOLD1\nCOMMIT\n"); err != nil {
@@ -208,10 +212,7 @@ func TestFullSyncPrunesStaleChains(t *testing.T) {
 }
 
 func TestFailedRestoreForcesFullSync(t *testing.T) {
-	var failures []bool
-	cfg := testConfig(IPv4)
-	cfg.OnRestoreFailure = func(partial bool) { failures = append(failures, partial) }
-	s := newSyncer(t, cfg)
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	base := dptest.ScaleServices(3, 2)
 	s.mustSync(true, base...)
 
@@ -223,19 +224,17 @@ func TestFailedRestoreForcesFullSync(t *testing.T) {
 		if _, err := s.f.kernel.apply(nat); err != nil {
 			t.Fatalf("applying nat: %v", err)
 		}
-		return &RestoreError{Binary: "fake", Line: strings.Count(nat, "\n") + 2, Err: errors.New("exit status 1")}
+		return &xtables.RestoreError{Tool: "fake", Line: strings.Count(nat, "\n") + 2, Err: errors.New("exit status 1")}
 	}
 	_, err := s.sync(false, append(base, dptest.NodePortService(), dptest.NoEndpointsService())...)
-	if !IsRestoreFailed(err) {
+	if !xtables.IsRestoreFailed(err) {
 		t.Fatalf("Sync error = %v, want a RestoreError", err)
 	}
-	var re *RestoreError
-	if errors.As(err, &re); !re.Partial {
-		t.Errorf("RestoreError.Partial = false for a partial sync")
+	if last := s.rec.Last(t); last.Full || !errors.Is(last.Err, err) || last.Mode != "iptables" || last.Family != dataplane.IPv4 {
+		t.Errorf("reported %+v, want the failed partial iptables IPv4 sync", last)
 	}
-	st := s.d.Stats()
-	if st.RestoreFailures != 1 || st.PartialRestoreFailures != 1 || !slices.Equal(failures, []bool{true}) {
-		t.Errorf("failure counters = %+v, callback %v", st, failures)
+	if _, _, failed := s.rec.Counts(0); failed != 1 {
+		t.Errorf("%d failed syncs reported, want 1", failed)
 	}
 	s.f.failRestore = nil
 
@@ -249,28 +248,31 @@ func TestFailedRestoreForcesFullSync(t *testing.T) {
 	if got := s.f.kernel.dump("nat"); strings.Contains(got, portHash("ns/np", "tcp")) {
 		t.Errorf("chains of the failed sync survive:\n%s", got)
 	}
-	if st := s.d.Stats(); st.FullSyncs != 2 || st.PartialSyncs != 0 {
-		t.Errorf("stats = %+v, want 2 full syncs", st)
+	if n := len(s.f.saves); n != 2 {
+		t.Errorf("iptables-save ran %d times, want twice: the failure made the kernel unknown", n)
+	}
+	if full, partial, _ := s.rec.Counts(0); full != 2 || partial != 0 {
+		t.Errorf("%d full and %d partial syncs succeeded, want 2 full", full, partial)
 	}
 }
 
 func TestRestoreErrorNamesService(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.f.failRestore = func(data string) error {
 		for i, line := range strings.Split(data, "\n") {
 			if strings.Contains(line, "DNAT") && strings.Contains(line, "ns/np") {
-				return &RestoreError{Binary: "fake", Line: i + 1, Stderr: "iptables-restore: line failed", Err: errors.New("exit status 2")}
+				return &xtables.RestoreError{Tool: "fake", Line: i + 1, Stderr: "iptables-restore: line failed", Err: errors.New("exit status 2")}
 			}
 		}
 		return nil
 	}
 	_, err := s.sync(true, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
-	var re *RestoreError
+	var re *xtables.RestoreError
 	if !errors.As(err, &re) {
 		t.Fatalf("Sync error = %v, want a RestoreError", err)
 	}
-	if re.Key != "ns/np" || !strings.Contains(re.Rule, "DNAT") || re.Partial {
-		t.Errorf("RestoreError = %+v, want key ns/np, the DNAT rule, full", re)
+	if re.Key != "ns/np" || !strings.Contains(re.Rule, "DNAT") || !s.rec.Results[0].Full {
+		t.Errorf("RestoreError = %+v (sync %+v), want key ns/np, the DNAT rule, full", re, s.rec.Results[0])
 	}
 	if !strings.Contains(err.Error(), "service ns/np") {
 		t.Errorf("error text does not name the service: %v", err)
@@ -278,8 +280,8 @@ func TestRestoreErrorNamesService(t *testing.T) {
 }
 
 func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
-	cfg := testConfig(IPv4)
-	cfg.LocalMode = LocalNodeCIDR
+	cfg := testConfig(dataplane.IPv4)
+	cfg.LocalMode = dataplane.LocalNodeCIDR
 	s := newSyncer(t, cfg)
 	if _, err := s.syncNode(true, dptest.Node(), dptest.ClusterIPTwoEndpoints()); err != nil {
 		t.Fatal(err)
@@ -298,7 +300,7 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 }
 
 func TestJumpsEnsured(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	if s.f.ensured != len(jumps) {
 		t.Errorf("ensured %d jumps, want %d", s.f.ensured, len(jumps))
@@ -324,7 +326,7 @@ func TestJumpsEnsured(t *testing.T) {
 // checks after each that the kernel is what a full sync would give.
 func TestPartialSyncsConverge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, family := range []Family{IPv4, IPv6} {
+	for _, family := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		t.Run(family.String(), func(t *testing.T) {
 			s := newSyncer(t, testConfig(family))
 			s.mustSync(true)
@@ -340,7 +342,7 @@ func TestPartialSyncsConverge(t *testing.T) {
 // restore and, when one was removed behind our back (a firewall reload
 // flushing PREROUTING), fall back to installing them one by one.
 func TestJumpsRepaired(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	n := s.f.ensured
 	data := s.mustSync(true, dptest.ClusterIPTwoEndpoints())

@@ -16,7 +16,7 @@ func TestFlows(t *testing.T) {
 		t.Run(tt.Name, func(t *testing.T) {
 			c := dptest.CaseNamed(t, tt.Case)
 			f := newFakeRunner()
-			d := newDataplane(caseConfig(c), map[Backend]runner{BackendNFT: f})
+			d := newTestDataplane(caseConfig(c), f, nil)
 			if err := d.Sync(context.Background(), dptest.Table(t, dptest.Node(), c.Services()...), nil, true); err != nil {
 				t.Fatalf("Sync: %v", err)
 			}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // flowCase is one case of internal/flowsuite (same name, same Service
@@ -53,6 +54,7 @@ func perNode(s svcSpec, pods [2][]int) func(k int) []*pb.Service {
 func tcp(src, dst string, port int) flow {
 	return flow{src: src, dst: dst, proto: TCP, dport: uint16(port)}
 }
+
 func udp(src, dst string, port int) flow {
 	return flow{src: src, dst: dst, proto: UDP, dport: uint16(port)}
 }
@@ -69,11 +71,11 @@ func pod6(i int) string                          { return podIPs[i][1] }
 func nodeAddr(k int) string                      { return nodeIPs[k][0] }
 func extIP(k, idx int) string                    { return externalIPs(k, idx)[0] }
 func ext(k, idx int) []string                    { a := externalIPs(k, idx); return a[:] }
-func reachedBy(masq bool, pods ...int) []outcome { return reached(IPv4, masq, pods...) }
+func reachedBy(masq bool, pods ...int) []outcome { return reached(dataplane.IPv4, masq, pods...) }
 
 // reached is IPVS sending the connection to any of pods (in family f),
 // masqueraded or not.
-func reached(f Family, masq bool, pods ...int) []outcome {
+func reached(f dataplane.Family, masq bool, pods ...int) []outcome {
 	out := make([]outcome, 0, len(pods))
 	for _, p := range pods {
 		out = append(out, outcome{dest: podEP(p, f), verdict: accepted, masq: masq})
@@ -83,7 +85,7 @@ func reached(f Family, masq bool, pods ...int) []outcome {
 
 // fromPod is IPVS sending a connection from pod src to any of pods: not
 // masqueraded, but for the hairpin path back to src itself.
-func fromPod(f Family, src int, pods ...int) []outcome {
+func fromPod(f dataplane.Family, src int, pods ...int) []outcome {
 	out := reached(f, false, pods...)
 	for i, p := range pods {
 		out[i].masq = p == src
@@ -101,17 +103,17 @@ var flowCases = []flowCase{
 		name: "ClusterIP spreads over all endpoints, from a pod and from a node", svc: "spread", idx: 0,
 		services: one(svcSpec{idx: 0, name: "spread", pods: allPods}),
 		checks: []check{
-			{0, tcp(pod(1), vip(0), 80), fromPod(IPv4, 1, allPods...)},
+			{0, tcp(pod(1), vip(0), 80), fromPod(dataplane.IPv4, 1, allPods...)},
 			// The node's own connections are masqueraded: their source
 			// is a node address (or the service IP itself).
 			{1, fromNode(tcp(nodeAddr(1), vip(0), 80)), reachedBy(true, allPods...)},
-			{0, tcp(pod6(1), vip6(0), 80), fromPod(IPv6, 1, allPods...)},
+			{0, tcp(pod6(1), vip6(0), 80), fromPod(dataplane.IPv6, 1, allPods...)},
 		},
 	},
 	{
 		name: "UDP ClusterIP spreads over all endpoints", svc: "udp", idx: 1,
 		services: one(svcSpec{idx: 1, name: "udp", pods: allPods}),
-		checks:   []check{{1, udp(pod(3), vip(1), 80), fromPod(IPv4, 3, allPods...)}},
+		checks:   []check{{1, udp(pod(3), vip(1), 80), fromPod(dataplane.IPv4, 3, allPods...)}},
 	},
 	{
 		name: "a Service without endpoints rejects", svc: "empty", idx: 2,
@@ -132,7 +134,7 @@ var flowCases = []flowCase{
 			// The service address is local; PP-IPVS-FILTER rejects what
 			// no virtual server takes, as upstream's KUBE-IPVS-FILTER.
 			{0, tcp(pod(0), vip(3), 81), ended(rejected)},
-			{0, tcp(pod(0), vip(3), 80), fromPod(IPv4, 0, allPods...)},
+			{0, tcp(pod(0), vip(3), 80), fromPod(dataplane.IPv4, 0, allPods...)},
 		},
 	},
 	{
@@ -145,7 +147,7 @@ var flowCases = []flowCase{
 			{1, udp(clientIP[0], nodeAddr(1), udpNodePort(4)), reachedBy(true, 1, 3)},
 			// NodePorts answer on every node address, the bridge's too.
 			{0, tcp(clientIP[0], bridgeIPs[0][0], nodePort(4)), reachedBy(true, 1, 3)},
-			{0, tcp(clientIP[1], nodeIPs[0][1], nodePort(4)), reached(IPv6, true, 1, 3)},
+			{0, tcp(clientIP[1], nodeIPs[0][1], nodePort(4)), reached(dataplane.IPv6, true, 1, 3)},
 		},
 	},
 	{
@@ -194,7 +196,7 @@ var flowCases = []flowCase{
 		name: "ClientIP affinity keeps a client on one endpoint", svc: "affinity", idx: 8,
 		services: one(svcSpec{idx: 8, name: "affinity", affinity: 60, pods: allPods}),
 		// Persistence (in the golden) picks one of them per client.
-		checks: []check{{1, tcp(pod(2), vip(8), 80), fromPod(IPv4, 2, allPods...)}},
+		checks: []check{{1, tcp(pod(2), vip(8), 80), fromPod(dataplane.IPv4, 2, allPods...)}},
 	},
 	{
 		name: "serving terminating endpoints are used only when none is ready", svc: "terminating", idx: 9,
@@ -209,21 +211,21 @@ var flowCases = []flowCase{
 		name: "topology hints keep traffic in the zone", svc: "hints", idx: 10,
 		services: perNode(svcSpec{idx: 10, name: "hints"}, [2][]int{{0, 1}, {2, 3}}),
 		checks: []check{
-			{0, tcp(pod(1), vip(10), 80), fromPod(IPv4, 1, 0, 1)},
+			{0, tcp(pod(1), vip(10), 80), fromPod(dataplane.IPv4, 1, 0, 1)},
 			{1, fromNode(tcp(nodeAddr(1), vip(10), 80)), reachedBy(true, 2, 3)},
 		},
 	},
 	{
 		name: "topology hints missing on one endpoint are ignored", svc: "hints-partial", idx: 11,
 		services: one(svcSpec{idx: 11, name: "hints-partial", pods: allPods}),
-		checks:   []check{{0, tcp(pod(1), vip(11), 80), fromPod(IPv4, 1, allPods...)}},
+		checks:   []check{{0, tcp(pod(1), vip(11), 80), fromPod(dataplane.IPv4, 1, allPods...)}},
 	},
 	{
 		name: "PreferSameNode uses the node's hinted endpoints", svc: "samenode", idx: 12,
 		services: perNode(svcSpec{idx: 12, name: "samenode"}, [2][]int{{0, 1}, {3}}),
 		checks: []check{
 			{1, tcp(pod(2), vip(12), 80), reachedBy(false, 3)},
-			{0, tcp(pod(0), vip(12), 80), fromPod(IPv4, 0, 0, 1)},
+			{0, tcp(pod(0), vip(12), 80), fromPod(dataplane.IPv4, 0, 0, 1)},
 		},
 	},
 	{
@@ -233,7 +235,7 @@ var flowCases = []flowCase{
 			{1, tcp(clientIP[0], extIP(1, 13), 80), reachedBy(true, 0, 2)},
 			{0, tcp(clientIP[0], extIP(0, 13), 80), reachedBy(true, 0, 2)},
 			{1, udp(clientIP[0], extIP(1, 13), 80), reachedBy(true, 0, 2)},
-			{1, tcp(clientIP[1], externalIPs(1, 13)[1], 80), reached(IPv6, true, 0, 2)},
+			{1, tcp(clientIP[1], externalIPs(1, 13)[1], 80), reached(dataplane.IPv6, true, 0, 2)},
 		},
 	},
 	{
@@ -241,7 +243,7 @@ var flowCases = []flowCase{
 		services: one(svcSpec{idx: 14, name: "ranges", lbIPs: ext(0, 14), ranges: []string{clientIP[0] + "/32", clientIP[1] + "/128"}, pods: []int{2}}),
 		checks: []check{
 			{0, tcp(clientIP[0], extIP(0, 14), 80), reachedBy(true, 2)},
-			{0, tcp(clientIP[1], externalIPs(0, 14)[1], 80), reached(IPv6, true, 2)},
+			{0, tcp(clientIP[1], externalIPs(0, 14)[1], 80), reached(dataplane.IPv6, true, 2)},
 		},
 		update: one(svcSpec{idx: 14, name: "ranges", lbIPs: ext(0, 14), ranges: []string{"203.0.113.0/24", "2001:db8:ffff::/48"}, pods: []int{2}}),
 		after: []check{
@@ -260,7 +262,7 @@ var flowCases = []flowCase{
 			for _, proto := range []Protocol{TCP, UDP} {
 				key := vsKey{netip.MustParseAddr(vip(15)), proto, 80}
 				if k.ipvs.vss[key] != nil {
-					k.ipvs.setConns(key, netip.MustParseAddrPort(podEP(1, IPv4)), 1, 1)
+					k.ipvs.setConns(key, netip.MustParseAddrPort(podEP(1, dataplane.IPv4)), 1, 1)
 				}
 			}
 		},
@@ -290,7 +292,7 @@ var flowCases = []flowCase{
 		checks: []check{
 			{0, tcp(pod(0), vip(17), 80), reachedBy(true, 0)},
 			{0, tcp(pod(1), vip(17), 80), reachedBy(false, 0)},
-			{0, tcp(pod6(0), vip6(17), 80), reached(IPv6, true, 0)},
+			{0, tcp(pod6(0), vip6(17), 80), reached(dataplane.IPv6, true, 0)},
 		},
 	},
 	{

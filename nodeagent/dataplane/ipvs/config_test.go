@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 func TestValidate(t *testing.T) {
@@ -16,7 +19,7 @@ func TestValidate(t *testing.T) {
 		{"defaults", nil, ""},
 		{"every scheduler", func(c *Config) { c.Scheduler = "sed" }, ""},
 		{"ipv6 cluster CIDR", func(c *Config) {
-			c.Family, c.LocalMode, c.ClusterCIDRs = IPv6, LocalClusterCIDR, []string{"10.244.0.0/16", "fd00:244::/32"}
+			c.Family, c.LocalMode, c.ClusterCIDRs = dataplane.IPv6, dataplane.LocalClusterCIDR, []string{"10.244.0.0/16", "fd00:244::/32"}
 		}, ""},
 		{"bad family", func(c *Config) { c.Family = 5 }, "family"},
 		{"unknown scheduler", func(c *Config) { c.Scheduler = "mh" }, `scheduler "mh"`},
@@ -26,9 +29,9 @@ func TestValidate(t *testing.T) {
 		{"long interface", func(c *Config) { c.Interface = "pp-ipvs0-too-long" }, "interface"},
 		{"empty interface", func(c *Config) { c.Interface = "" }, "interface"},
 		{"masquerade bit", func(c *Config) { c.MasqueradeBit = 32 }, "masquerade bit"},
-		{"cluster CIDR missing", func(c *Config) { c.LocalMode = LocalClusterCIDR }, "none of family"},
+		{"cluster CIDR missing", func(c *Config) { c.LocalMode = dataplane.LocalClusterCIDR }, "none of family"},
 		{"two cluster CIDRs", func(c *Config) {
-			c.LocalMode, c.ClusterCIDRs = LocalClusterCIDR, []string{"10.244.0.0/16", "10.245.0.0/16"}
+			c.LocalMode, c.ClusterCIDRs = dataplane.LocalClusterCIDR, []string{"10.244.0.0/16", "10.245.0.0/16"}
 		}, "more than one"},
 		{"local mode", func(c *Config) { c.LocalMode = "Bridge" }, "local mode"},
 		{"loopback nodeport", func(c *Config) { c.NodePortAddresses = []string{"127.0.0.0/8"} }, "loopback"},
@@ -40,7 +43,7 @@ func TestValidate(t *testing.T) {
 		{"netns name", func(c *Config) { c.NetNS = "node-0" }, "absolute path"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultConfig(IPv4)
+			c := DefaultConfig(dataplane.IPv4)
 			if tt.edit != nil {
 				tt.edit(&c)
 			}
@@ -48,7 +51,7 @@ func TestValidate(t *testing.T) {
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("Validate() = %v, want nil", err)
-			case tt.want != "" && (err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want)):
+			case tt.want != "" && (err == nil || !errors.Is(err, dataplane.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want)):
 				t.Errorf("Validate() = %v, want ErrInvalidConfig mentioning %q", err, tt.want)
 			}
 		})
@@ -56,13 +59,13 @@ func TestValidate(t *testing.T) {
 }
 
 func TestDefaultsAndWithDefaults(t *testing.T) {
-	c := DefaultConfig(IPv6)
-	if c.Scheduler != "rr" || c.Interface != "pp-ipvs0" || c.MasqueradeBit != 14 || c.Backend != BackendAuto ||
-		c.LocalMode != LocalNone || c.LockWait != DefaultLockWait || c.TCPTimeout != 0 {
+	c := DefaultConfig(dataplane.IPv6)
+	if c.Scheduler != "rr" || c.Interface != "pp-ipvs0" || c.MasqueradeBit != 14 || c.Backend != xtables.BackendAuto ||
+		c.LocalMode != dataplane.LocalNone || c.LockWait != xtables.DefaultLockWait || c.TCPTimeout != 0 {
 		t.Errorf("DefaultConfig = %+v", c)
 	}
 	w := withDefaults(Config{NetNS: "/run/netns/node-0"})
-	if strings.Join(w.CommandPrefix, " ") != "nsenter --net=/run/netns/node-0" || w.Backend != BackendAuto || w.LocalMode != LocalNone {
+	if strings.Join(w.CommandPrefix, " ") != "nsenter --net=/run/netns/node-0" {
 		t.Errorf("withDefaults = %+v", w)
 	}
 	w = withDefaults(Config{NetNS: "/run/netns/node-0", CommandPrefix: []string{"ip", "netns", "exec", "node-0"}})

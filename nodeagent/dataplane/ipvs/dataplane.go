@@ -7,56 +7,24 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
-	"sync"
-	"time"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/iptables"
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
+// mode is the Dataplane's name, as kube-proxy's --proxy-mode.
+const mode = "ipvs"
+
 // Dataplane programs one IP family of a node's proxy table into IPVS, with
 // the service addresses on a dummy link and the few ipsets and iptables
-// rules IPVS mode needs. It implements dataplane.Dataplane.
+// rules IPVS mode needs. Its Sync is the Driver's, which decides full or
+// partial and handles failures; planning and reconciling the kernel are the
+// Dataplane's own.
 type Dataplane struct {
-	cfg Config
-	k   *seams
-
-	// The fields below belong to the Sync caller (Sync is not safe for
-	// concurrent use, as dataplane.Dataplane says).
-	ipt iptablesRunner
-	// plans caches each Service's plan for the params with fingerprint
-	// fp, so that a partial sync replans only the changed keys.
-	plans map[string]*svcPlan
-	fp    string
-	// applied is what the kernel holds after the last successful sync,
-	// real servers being drained included; nil until a full sync
-	// succeeded.
-	applied *kernelState
-	// needFull forces the next sync to be full: a sync failed, so the
-	// kernel holds some mix of the old and new state.
-	needFull bool
-
-	mu    sync.Mutex // guards stats, read by Stats from any goroutine
-	stats Stats
-}
-
-var _ dataplane.Dataplane = (*Dataplane)(nil)
-
-// Stats counts what the Dataplane did, for the agent's metrics.
-type Stats struct {
-	dataplane.SyncStats
-	// Backend is the iptables backend in use; "" until the first Sync
-	// detects it.
-	Backend Backend
-	// Failures counts failed syncs.
-	Failures uint64
-	// VirtualServers and RealServers count what is in force; Draining is
-	// the real servers among them kept at weight 0 until their
-	// connections end.
-	VirtualServers, RealServers, Draining int
+	*dataplane.Driver
+	b *engine
 }
 
 // seams are the Dataplane's ways into the kernel.
@@ -67,7 +35,7 @@ type seams struct {
 	ipset  ipsetRunner
 	// iptables holds a runner per candidate backend until detection picks
 	// one.
-	iptables map[Backend]iptablesRunner
+	iptables map[xtables.Backend]xtables.Runner
 }
 
 // CheckKernel reports whether this kernel has IPVS: nil, or an error
@@ -76,17 +44,18 @@ type seams struct {
 // callers can decide before building anything, as New does first.
 func CheckKernel() error { return checkIPVSFamily() }
 
-// New returns a Dataplane for cfg. It checks the configuration, that the
-// kernel has IPVS (an error matching IsIPVSUnavailable when not: the agent
-// cannot run in IPVS mode on that kernel and should exit non-zero), and
-// that ipset and the iptables tools exist. It changes nothing in the kernel
-// until the first Sync.
-func New(cfg Config) (*Dataplane, error) {
-	return newChecked(cfg, checkIPVSFamily, openSeams)
+// New returns a Dataplane for cfg, which reports every sync to observe
+// (nil for none). It checks the configuration, that the kernel has IPVS
+// (an error matching IsIPVSUnavailable when not: the agent cannot run in
+// IPVS mode on that kernel and should exit non-zero), and that ipset and
+// the iptables tools exist. It changes nothing in the kernel until the
+// first Sync.
+func New(cfg Config, observe dataplane.Observer) (*Dataplane, error) {
+	return newChecked(cfg, observe, checkIPVSFamily, openSeams)
 }
 
 // newChecked is New with the IPVS check and the kernel access as seams.
-func newChecked(cfg Config, check familyChecker, open func(*Config) (*seams, error)) (*Dataplane, error) {
+func newChecked(cfg Config, observe dataplane.Observer, check familyChecker, open func(*Config) (*seams, error)) (*Dataplane, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -100,32 +69,19 @@ func newChecked(cfg Config, check familyChecker, open func(*Config) (*seams, err
 	if err != nil {
 		return nil, fmt.Errorf("IPVS %v dataplane: %w", cfg.Family, err)
 	}
-	return newDataplane(cfg, k), nil
+	return newDataplane(cfg, k, observe), nil
 }
 
 // openSeams opens the real kernel interfaces for cfg.
 func openSeams(cfg *Config) (*seams, error) {
-	k := &seams{sysctl: procSysctl{ns: cfg.NetNS}, iptables: map[Backend]iptablesRunner{}}
+	k := &seams{sysctl: procSysctl{ns: cfg.NetNS}}
 	t, err := tool.New(cfg.CommandPrefix, "ipset")
 	if err != nil {
 		return nil, err
 	}
 	k.ipset = execIPSet{t}
-	backends := []Backend{cfg.Backend}
-	if cfg.Backend == BackendAuto {
-		backends = []Backend{BackendNFT, BackendLegacy}
-	}
-	var errs []error
-	for _, b := range backends {
-		r, err := newExecIPTables(cfg, b)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		k.iptables[b] = r
-	}
-	if len(k.iptables) == 0 {
-		return nil, errors.Join(errs...)
+	if k.iptables, err = xtables.NewRunners(cfg.tools()); err != nil {
+		return nil, err
 	}
 	if k.links, err = newNetlinkLinks(cfg.NetNS); err != nil {
 		return nil, err
@@ -138,15 +94,40 @@ func openSeams(cfg *Config) (*seams, error) {
 
 // newDataplane is the constructor over given seams (fakes in tests). With
 // one iptables runner of a fixed backend no detection happens.
-func newDataplane(cfg Config, k *seams) *Dataplane {
+func newDataplane(cfg Config, k *seams, observe dataplane.Observer) *Dataplane {
 	cfg = withDefaults(cfg)
-	d := &Dataplane{cfg: cfg, k: k}
-	if cfg.Backend != BackendAuto {
-		d.ipt = k.iptables[cfg.Backend]
-		d.stats.Backend = cfg.Backend
-	}
-	return d
+	b := &engine{cfg: cfg, k: k, tools: xtables.NewTools(chainServices, cfg.Backend, k.iptables)}
+	return &Dataplane{Driver: dataplane.NewDriver(b, mode, cfg.Family, observe), b: b}
 }
+
+// engine is the IPVS dataplane.Backend: it plans the wanted kernel state
+// and reconciles the kernel with it.
+//
+// IPVS has no transactions: objects are changed one by one, additions
+// before removals, so that traffic always meets a complete virtual server.
+// When a change fails the engine carries on with the others and returns
+// them all (each a *KernelError, or one of package xtables' errors for the
+// ipset and iptables tools, joined).
+type engine struct {
+	cfg   Config
+	k     *seams
+	tools *xtables.Tools
+
+	// The fields below belong to the Driver's Sync caller.
+	//
+	// ipt and p are Prepare's, for the sync under way.
+	ipt xtables.Runner
+	p   *params
+	// plans caches each Service's plan for p, so that a partial sync
+	// replans only the changed keys.
+	plans map[string]*svcPlan
+	// applied is what the kernel holds after the last successful sync,
+	// real servers being drained included; nil until a full sync
+	// succeeded, and after Forget.
+	applied *kernelState
+}
+
+var _ dataplane.Backend = (*engine)(nil)
 
 // kernelState is what the kernel holds (or, after a successful sync, is
 // known to hold) of one family.
@@ -181,121 +162,88 @@ var sysctls = []struct{ name, value string }{
 	{"net/ipv4/vs/expire_quiescent_template", "1"},
 }
 
-// Sync implements dataplane.Dataplane. A partial sync becomes full when
-// nothing is known of the kernel yet, after a failed sync, and when
-// something every Service depends on changed (a node address, the pod CIDR
-// in NodeCIDR mode). A full sync reads the kernel (virtual and real
-// servers, the dummy link's addresses, our sets) and repairs any drift,
-// rewrites our iptables chains and re-asserts their jumps; a partial sync
-// trusts what the last sync left and touches only what differs.
-//
-// IPVS has no transactions: objects are changed one by one, additions
-// before removals, so that traffic always meets a complete virtual server.
-// When a change fails Sync carries on with the others and returns them
-// all (each a *KernelError, *RestoreError, *CommandError or
-// *MissingBinaryError, joined and wrapped); the next Sync is then full.
-func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error {
-	start := time.Now()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if t == nil {
-		t = proxytable.Empty()
-	}
-	err := d.sync(ctx, t, changed, full, start)
+// Prepare implements dataplane.Backend: it detects the iptables backend
+// at the first call, and resolves what every Service's plan depends on,
+// the node's addresses among them (a new one makes the sync full, for its
+// NodePorts).
+func (e *engine) Prepare(ctx context.Context, t *proxytable.Table) (string, error) {
+	ipt, err := e.tools.Runner(ctx)
 	if err != nil {
-		d.needFull = true
-		d.mu.Lock()
-		d.stats.Failures++
-		d.mu.Unlock()
-		return fmt.Errorf("syncing %v IPVS: %w", d.cfg.Family, err)
+		return "", err
 	}
-	return nil
+	nodeAddrs, err := e.k.links.NodeAddrs(e.cfg.Interface, e.cfg.Family)
+	if err != nil {
+		return "", kernelOp("list", "node addresses", "", err)
+	}
+	e.ipt, e.p = ipt, newParams(&e.cfg, t.Node, nodeAddrs)
+	return e.p.fingerprint(), nil
 }
 
-func (d *Dataplane) sync(ctx context.Context, t *proxytable.Table, changed []string, full bool, start time.Time) error {
-	if d.ipt == nil {
-		b, err := iptables.DetectBackend(ctx, chainServices, d.k.iptables[BackendNFT], d.k.iptables[BackendLegacy])
-		if err != nil {
-			return err
-		}
-		d.ipt = d.k.iptables[b]
-		d.mu.Lock()
-		d.stats.Backend = b
-		d.mu.Unlock()
+// Full implements dataplane.Backend: it reads the kernel (virtual and
+// real servers, the dummy link's addresses, our sets) whatever it
+// remembers, and repairs any drift; it rewrites our iptables chains and
+// re-asserts their jumps.
+func (e *engine) Full(ctx context.Context, t *proxytable.Table) error {
+	e.plans = planAll(t, e.p)
+	if err := e.setUp(); err != nil {
+		return err
 	}
-	nodeAddrs, err := d.k.links.NodeAddrs(d.cfg.Interface, d.cfg.Family)
+	cur, err := e.readKernel(ctx)
 	if err != nil {
-		return kernelOp("list", "node addresses", "", err)
+		return err
 	}
-	p := newParams(&d.cfg, t.Node, nodeAddrs)
-	fp := p.fingerprint()
-	full = full || d.applied == nil || d.needFull || fp != d.fp
-	if full || d.plans == nil || fp != d.fp {
-		d.plans, d.fp = planAll(t, p), fp
-	} else {
-		for _, k := range changed {
-			if e := t.Entries[k]; e != nil {
-				if plan, ok := planService(e, p); ok {
-					d.plans[k] = plan
-					continue
-				}
-			}
-			delete(d.plans, k)
-		}
-	}
-	want := aggregate(d.plans)
+	return e.apply(ctx, cur, true)
+}
 
-	cur := d.applied
-	if full {
-		if err := d.prepare(); err != nil {
-			return err
+// Partial implements dataplane.Backend: it trusts what the last sync left
+// and touches only what differs for the changed keys. It never touches
+// iptables: the rules depend on the configuration only.
+func (e *engine) Partial(ctx context.Context, t *proxytable.Table, changed []string) error {
+	for _, k := range changed {
+		if entry := t.Entries[k]; entry != nil {
+			if plan, ok := planService(entry, e.p); ok {
+				e.plans[k] = plan
+				continue
+			}
 		}
-		if cur, err = d.readKernel(ctx); err != nil {
-			return err
-		}
+		delete(e.plans, k)
 	}
-	if err := d.reconcile(ctx, p, cur, want, full); err != nil {
+	return e.apply(ctx, e.applied, false)
+}
+
+// Forget implements dataplane.Backend.
+func (e *engine) Forget() { e.applied = nil }
+
+// apply reconciles the kernel, holding cur, with the plans.
+func (e *engine) apply(ctx context.Context, cur *kernelState, full bool) error {
+	if err := e.reconcile(ctx, e.p, cur, aggregate(e.plans), full); err != nil {
 		return err
 	}
 	for _, v := range cur.vss {
 		v.connsKnown = false // counts go stale from now on
 	}
-	d.applied, d.needFull = cur, false
-
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.stats.Succeeded(full, start, len(d.plans))
-	d.stats.VirtualServers, d.stats.RealServers, d.stats.Draining = len(cur.vss), 0, 0
-	for _, v := range cur.vss {
-		d.stats.RealServers += len(v.dests)
-		for _, rs := range v.dests {
-			if rs.Weight == 0 {
-				d.stats.Draining++
-			}
-		}
-	}
+	e.applied = cur
 	return nil
 }
 
-// prepare sets what the kernel needs once and may have lost: sysctls,
+// setUp sets what the kernel needs once and may have lost: sysctls,
 // timeouts and the dummy link.
-func (d *Dataplane) prepare() error {
+func (e *engine) setUp() error {
 	var errs []error
 	for _, s := range sysctls {
-		errs = append(errs, kernelOp("set sysctl", s.name+"="+s.value, "", d.k.sysctl.Ensure(s.name, s.value)))
+		errs = append(errs, kernelOp("set sysctl", s.name+"="+s.value, "", e.k.sysctl.Ensure(s.name, s.value)))
 	}
-	if d.cfg.Family == IPv4 {
+	if e.cfg.Family == dataplane.IPv4 {
 		// IPVS NAT forwards replies back to remote clients. IPv6
 		// forwarding is left to the node: turning it on changes how every
 		// interface treats router advertisements.
-		errs = append(errs, kernelOp("set sysctl", "net/ipv4/ip_forward=1", "", d.k.sysctl.Ensure("net/ipv4/ip_forward", "1")))
+		errs = append(errs, kernelOp("set sysctl", "net/ipv4/ip_forward=1", "", e.k.sysctl.Ensure("net/ipv4/ip_forward", "1")))
 	}
-	if c := &d.cfg; c.TCPTimeout > 0 || c.TCPFinTimeout > 0 || c.UDPTimeout > 0 {
-		errs = append(errs, kernelOp("set", "IPVS timeouts", "", d.k.ipvs.SetTimeouts(c.TCPTimeout, c.TCPFinTimeout, c.UDPTimeout)))
+	if c := &e.cfg; c.TCPTimeout > 0 || c.TCPFinTimeout > 0 || c.UDPTimeout > 0 {
+		errs = append(errs, kernelOp("set", "IPVS timeouts", "", e.k.ipvs.SetTimeouts(c.TCPTimeout, c.TCPFinTimeout, c.UDPTimeout)))
 	}
-	if err := d.k.links.EnsureLink(d.cfg.Interface); err != nil {
-		errs = append(errs, kernelOp("ensure", "link "+d.cfg.Interface, "", err))
+	if err := e.k.links.EnsureLink(e.cfg.Interface); err != nil {
+		errs = append(errs, kernelOp("ensure", "link "+e.cfg.Interface, "", err))
 	}
 	return errors.Join(errs...)
 }
@@ -303,18 +251,18 @@ func (d *Dataplane) prepare() error {
 // readKernel reads what the kernel holds of our family: every virtual
 // server (but those in ExcludeCIDRs) with its real servers, the dummy
 // link's addresses, and our sets' members.
-func (d *Dataplane) readKernel(ctx context.Context) (*kernelState, error) {
+func (e *engine) readKernel(ctx context.Context) (*kernelState, error) {
 	st := &kernelState{vss: map[vsKey]*kernelVS{}, addrs: map[netip.Addr]struct{}{}}
-	vss, err := d.k.ipvs.VirtualServers()
+	vss, err := e.k.ipvs.VirtualServers()
 	if err != nil {
 		return nil, kernelOp("list", "virtual servers", "", err)
 	}
-	exclude := plan.Family(d.cfg.Family).Prefixes(d.cfg.ExcludeCIDRs)
+	exclude := e.cfg.Family.Prefixes(e.cfg.ExcludeCIDRs)
 	for _, vs := range vss {
-		if !d.cfg.Family.has(vs.Addr) || slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
+		if !e.cfg.Family.Has(vs.Addr) || slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
 			continue
 		}
-		rss, err := d.k.ipvs.RealServers(vs)
+		rss, err := e.k.ipvs.RealServers(vs)
 		if err != nil {
 			return nil, kernelOp("list real servers of", vs.key().String(), "", err)
 		}
@@ -324,18 +272,18 @@ func (d *Dataplane) readKernel(ctx context.Context) (*kernelState, error) {
 		}
 		st.vss[vs.key()] = kv
 	}
-	addrs, err := d.k.links.LinkAddrs(d.cfg.Interface, d.cfg.Family)
+	addrs, err := e.k.links.LinkAddrs(e.cfg.Interface, e.cfg.Family)
 	if err != nil {
-		return nil, kernelOp("list addresses of", d.cfg.Interface, "", err)
+		return nil, kernelOp("list addresses of", e.cfg.Interface, "", err)
 	}
 	for _, a := range addrs {
 		st.addrs[a] = struct{}{}
 	}
-	out, err := d.k.ipset.Save(ctx)
+	out, err := e.k.ipset.Save(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing ipsets: %w", err)
 	}
-	found := parseIPSetSave(d.cfg.Family, out)
+	found := parseIPSetSave(e.cfg.Family, out)
 	for id := range numSets {
 		st.sets[id] = found[id]
 		if st.sets[id] == nil {
@@ -346,8 +294,8 @@ func (d *Dataplane) readKernel(ctx context.Context) (*kernelState, error) {
 }
 
 // reconcile changes the kernel from cur to want, updating cur as it goes;
-// see Sync for the order and the error handling.
-func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, want *desired, full bool) error {
+// see engine for the order and the error handling.
+func (e *engine) reconcile(ctx context.Context, p *params, cur *kernelState, want *desired, full bool) error {
 	var errs []error
 	wantKeys := slices.SortedFunc(maps.Keys(want.vss), vsKey.compare)
 
@@ -357,12 +305,12 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		errs = append(errs, d.addVirtualServer(cur, want.vss[k]))
+		errs = append(errs, e.addVirtualServer(cur, want.vss[k]))
 	}
 	for _, a := range sortedAddrs(want.addrs) {
 		if _, ok := cur.addrs[a]; !ok {
-			if err := d.k.links.AddAddr(d.cfg.Interface, a); err != nil {
-				errs = append(errs, kernelOp("bind", a.String()+" to "+d.cfg.Interface, "", err))
+			if err := e.k.links.AddAddr(e.cfg.Interface, a); err != nil {
+				errs = append(errs, kernelOp("bind", a.String()+" to "+e.cfg.Interface, "", err))
 				continue
 			}
 			cur.addrs[a] = struct{}{}
@@ -370,9 +318,9 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 	}
 	// Sets: creates (full syncs: a set may have been destroyed), then
 	// members added and removed, in one restore.
-	if data := renderIPSet(d.cfg.Family, &cur.sets, &want.sets, full); len(data) > 0 {
-		if err := d.k.ipset.Restore(ctx, data); err != nil {
-			errs = append(errs, fmt.Errorf("updating ipsets: %w", describeRestore(err, data)))
+	if data := renderIPSet(e.cfg.Family, &cur.sets, &want.sets, full); len(data) > 0 {
+		if err := e.k.ipset.Restore(ctx, data); err != nil {
+			errs = append(errs, fmt.Errorf("updating ipsets: %w", tool.WithRule(err, data)))
 		} else {
 			for id := range numSets {
 				cur.sets[id] = maps.Clone(want.sets[id])
@@ -384,9 +332,9 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 		// rewrites them in case someone changed them, and re-asserts the
 		// jumps (a firewall reload may have flushed the built-in chains).
 		data := renderRules(&p.rules)
-		if err := d.ipt.Restore(ctx, data, "--noflush"); err != nil {
-			errs = append(errs, fmt.Errorf("writing iptables rules: %w", describeRestore(err, data)))
-		} else if err := ensureJumps(ctx, d.ipt); err != nil {
+		if err := e.ipt.Restore(ctx, data, "--noflush"); err != nil {
+			errs = append(errs, fmt.Errorf("writing iptables rules: %w", tool.WithRule(err, data)))
+		} else if err := xtables.EnsureJumps(ctx, e.ipt, jumps); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -395,8 +343,8 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 	// local), then virtual servers, then real servers, drained gently.
 	for _, a := range sortedAddrs(cur.addrs) {
 		if _, ok := want.addrs[a]; !ok {
-			if err := d.k.links.DelAddr(d.cfg.Interface, a); err != nil {
-				errs = append(errs, kernelOp("unbind", a.String()+" from "+d.cfg.Interface, "", err))
+			if err := e.k.links.DelAddr(e.cfg.Interface, a); err != nil {
+				errs = append(errs, kernelOp("unbind", a.String()+" from "+e.cfg.Interface, "", err))
 				continue
 			}
 			delete(cur.addrs, a)
@@ -406,7 +354,7 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 		if _, ok := want.vss[k]; ok {
 			continue
 		}
-		if err := d.k.ipvs.DeleteVirtualServer(cur.vss[k].vs); err != nil {
+		if err := e.k.ipvs.DeleteVirtualServer(cur.vss[k].vs); err != nil {
 			errs = append(errs, kernelOp("delete virtual server", k.String(), "", err))
 			continue
 		}
@@ -417,7 +365,7 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 			return err
 		}
 		if kv := cur.vss[k]; kv != nil {
-			errs = append(errs, d.removeRealServers(kv, want.vss[k]))
+			errs = append(errs, e.removeRealServers(kv, want.vss[k]))
 		}
 	}
 	return errors.Join(errs...)
@@ -425,12 +373,12 @@ func (d *Dataplane) reconcile(ctx context.Context, p *params, cur *kernelState, 
 
 // addVirtualServer creates or updates w's virtual server and adds its
 // missing real servers, or restores the weight of ones being drained.
-func (d *Dataplane) addVirtualServer(cur *kernelState, w *vsPlan) error {
+func (e *engine) addVirtualServer(cur *kernelState, w *vsPlan) error {
 	k := w.vs.key()
 	kv := cur.vss[k]
 	switch {
 	case kv == nil:
-		if err := d.k.ipvs.AddVirtualServer(w.vs); err != nil {
+		if err := e.k.ipvs.AddVirtualServer(w.vs); err != nil {
 			return kernelOp("add virtual server", k.String(), w.key, err)
 		}
 		kv = &kernelVS{vs: w.vs, dests: map[netip.AddrPort]*RealServer{}, connsKnown: true}
@@ -438,7 +386,7 @@ func (d *Dataplane) addVirtualServer(cur *kernelState, w *vsPlan) error {
 	case kv.vs != w.vs:
 		// Scheduler or persistence changed: IPVS updates in place, and
 		// the virtual server never goes away.
-		if err := d.k.ipvs.UpdateVirtualServer(w.vs); err != nil {
+		if err := e.k.ipvs.UpdateVirtualServer(w.vs); err != nil {
 			return kernelOp("update virtual server", k.String(), w.key, err)
 		}
 		kv.vs = w.vs
@@ -449,7 +397,7 @@ func (d *Dataplane) addVirtualServer(cur *kernelState, w *vsPlan) error {
 		switch {
 		case rs == nil:
 			rs = &RealServer{Addr: ap.Addr(), Port: ap.Port(), Weight: 1}
-			if err := d.k.ipvs.AddRealServer(w.vs, *rs); err != nil {
+			if err := e.k.ipvs.AddRealServer(w.vs, *rs); err != nil {
 				errs = append(errs, kernelOp("add real server", describeRS(k, ap), w.key, err))
 				continue
 			}
@@ -459,7 +407,7 @@ func (d *Dataplane) addVirtualServer(cur *kernelState, w *vsPlan) error {
 			// its connections carry on.
 			up := *rs
 			up.Weight = 1
-			if err := d.k.ipvs.UpdateRealServer(w.vs, up); err != nil {
+			if err := e.k.ipvs.UpdateRealServer(w.vs, up); err != nil {
 				errs = append(errs, kernelOp("update real server", describeRS(k, ap), w.key, err))
 				continue
 			}
@@ -474,7 +422,7 @@ func (d *Dataplane) addVirtualServer(cur *kernelState, w *vsPlan) error {
 // (no new connections) and stays until a later sync finds it idle, as
 // kube-proxy's graceful termination does; UDP ones go at once, and
 // expire_nodest_conn moves their flows.
-func (d *Dataplane) removeRealServers(kv *kernelVS, w *vsPlan) error {
+func (e *engine) removeRealServers(kv *kernelVS, w *vsPlan) error {
 	k := kv.vs.key()
 	var stale []netip.AddrPort
 	for ap := range kv.dests {
@@ -487,7 +435,7 @@ func (d *Dataplane) removeRealServers(kv *kernelVS, w *vsPlan) error {
 	}
 	slices.SortFunc(stale, netip.AddrPort.Compare)
 	if !kv.connsKnown && k.proto != UDP {
-		rss, err := d.k.ipvs.RealServers(kv.vs)
+		rss, err := e.k.ipvs.RealServers(kv.vs)
 		if err != nil {
 			return kernelOp("list real servers of", k.String(), w.key, err)
 		}
@@ -511,7 +459,7 @@ func (d *Dataplane) removeRealServers(kv *kernelVS, w *vsPlan) error {
 			continue
 		}
 		if k.proto == UDP || rs.ActiveConns+rs.InactiveConns == 0 {
-			if err := d.k.ipvs.DeleteRealServer(kv.vs, *rs); err != nil {
+			if err := e.k.ipvs.DeleteRealServer(kv.vs, *rs); err != nil {
 				errs = append(errs, kernelOp("delete real server", describeRS(k, ap), w.key, err))
 				continue
 			}
@@ -521,7 +469,7 @@ func (d *Dataplane) removeRealServers(kv *kernelVS, w *vsPlan) error {
 		if rs.Weight != 0 {
 			down := *rs
 			down.Weight = 0
-			if err := d.k.ipvs.UpdateRealServer(kv.vs, down); err != nil {
+			if err := e.k.ipvs.UpdateRealServer(kv.vs, down); err != nil {
 				errs = append(errs, kernelOp("drain real server", describeRS(k, ap), w.key, err))
 				continue
 			}
@@ -531,46 +479,6 @@ func (d *Dataplane) removeRealServers(kv *kernelVS, w *vsPlan) error {
 	return errors.Join(errs...)
 }
 
-// describeRestore completes a RestoreError with the failing input line.
-func describeRestore(err error, data []byte) error {
-	var re *RestoreError
-	if errors.As(err, &re) && re.Line > 0 {
-		re.Rule = inputLine(data, re.Line)
-	}
-	return err
-}
-
-// inputLine returns line n (1-based) of data.
-func inputLine(data []byte, n int) string {
-	for i, line := range splitLines(data) {
-		if i+1 == n {
-			return line
-		}
-	}
-	return ""
-}
-
-func splitLines(data []byte) []string {
-	var out []string
-	for len(data) > 0 {
-		i := slices.Index(data, '\n')
-		if i < 0 {
-			out = append(out, string(data))
-			break
-		}
-		out = append(out, string(data[:i]))
-		data = data[i+1:]
-	}
-	return out
-}
-
 func sortedAddrs(m map[netip.Addr]struct{}) []netip.Addr {
 	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
-}
-
-// Stats returns the counters. Safe for concurrent use with Sync.
-func (d *Dataplane) Stats() Stats {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.stats
 }

@@ -14,14 +14,16 @@
 //     filter), which depend on the configuration only; sets.go names the
 //     sets and writes `ipset restore` input. All of it is pure: no I/O, no
 //     goroutines, deterministic output.
-//   - kernel.go declares the kernel seams (IPVS, links, sysctls, ipset,
-//     iptables) as small interfaces; netlink.go implements the first three
-//     with github.com/moby/ipvs and github.com/vishvananda/netlink, exec.go
-//     the tools (through package tool; the iptables backend is detected
-//     by the iptables dataplane's iptables.DetectBackend).
-//   - dataplane.go is the Dataplane: the IPVS check at New, full syncs
-//     (read the kernel, repair drift) and partial ones (change what
-//     differs), and graceful draining of removed real servers.
+//   - kernel.go declares the kernel seams (IPVS, links, sysctls, ipset)
+//     as small interfaces; netlink.go implements the first three with
+//     github.com/moby/ipvs and github.com/vishvananda/netlink, exec.go
+//     ipset through package tool. The iptables tools and the choice of
+//     their backend are package xtables', shared with the iptables
+//     dataplane.
+//   - dataplane.go is the Dataplane: the IPVS check at New, and the
+//     engine a dataplane.Driver runs: full syncs (read the kernel, repair
+//     drift), partial ones (change what differs), and graceful draining
+//     of removed real servers.
 //
 // README.md in this directory explains the choices, where they differ from
 // kube-proxy, and how to run the real-kernel packet tests on a kernel with

@@ -12,7 +12,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // fakeKernel models one network namespace behind every seam: IPVS, links,
@@ -26,7 +28,7 @@ type fakeKernel struct {
 	ipset  *fakeIPSet
 	// iptables holds each family's tables: iptables and ip6tables are
 	// separate in the kernel.
-	iptables map[Family]*fakeIPTables
+	iptables map[dataplane.Family]*fakeIPTables
 	// log lists every change, as "ipvs add TCP 10.96.0.10:80".
 	log []string
 	// fail, when set, is asked before each change (op is the log line)
@@ -43,14 +45,14 @@ func newFakeKernel(nodeAddrs ...string) *fakeKernel {
 	}
 	k.sysctl = &fakeSysctl{k: k, values: map[string]string{}}
 	k.ipset = &fakeIPSet{k: k, sets: map[string]*fakeSet{}}
-	k.iptables = map[Family]*fakeIPTables{IPv4: newFakeIPTables(k, "iptables"), IPv6: newFakeIPTables(k, "ip6tables")}
+	k.iptables = map[dataplane.Family]*fakeIPTables{dataplane.IPv4: newFakeIPTables(k, "iptables"), dataplane.IPv6: newFakeIPTables(k, "ip6tables")}
 	return k
 }
 
 // seams returns the kernel's seams for family, with one iptables backend
 // (nft).
-func (k *fakeKernel) seams(family Family) *seams {
-	return &seams{ipvs: k.ipvs, links: k.links, sysctl: k.sysctl, ipset: k.ipset, iptables: map[Backend]iptablesRunner{BackendNFT: k.iptables[family]}}
+func (k *fakeKernel) seams(family dataplane.Family) *seams {
+	return &seams{ipvs: k.ipvs, links: k.links, sysctl: k.sysctl, ipset: k.ipset, iptables: map[xtables.Backend]xtables.Runner{xtables.BackendNFT: k.iptables[family]}}
 }
 
 // change logs op and asks the failure hook.
@@ -76,6 +78,25 @@ type fakeIPVS struct {
 type fakeVS struct {
 	vs    VirtualServer
 	dests map[netip.AddrPort]*RealServer
+}
+
+// count returns how many virtual servers of family the kernel holds, with
+// how many real servers, and how many of those are being drained (weight
+// 0).
+func (f *fakeIPVS) count(family dataplane.Family) (vss, rss, draining int) {
+	for k, v := range f.vss {
+		if !family.Has(k.addr) {
+			continue
+		}
+		vss++
+		for _, rs := range v.dests {
+			rss++
+			if rs.Weight == 0 {
+				draining++
+			}
+		}
+	}
+	return vss, rss, draining
 }
 
 func (f *fakeIPVS) VirtualServers() ([]VirtualServer, error) {
@@ -210,10 +231,10 @@ func vsString(vs VirtualServer) string {
 
 // dump lists the virtual servers of family and their real servers, as
 // ipvsadm -Ln would, sorted.
-func (f *fakeIPVS) dump(family Family) string {
+func (f *fakeIPVS) dump(family dataplane.Family) string {
 	var b strings.Builder
 	for _, k := range slices.SortedFunc(maps.Keys(f.vss), vsKey.compare) {
-		if !family.has(k.addr) {
+		if !family.Has(k.addr) {
 			continue
 		}
 		v := f.vss[k]
@@ -270,14 +291,14 @@ func (f *fakeLinks) link(name string) (*fakeLink, error) {
 	return l, nil
 }
 
-func (f *fakeLinks) LinkAddrs(name string, family Family) ([]netip.Addr, error) {
+func (f *fakeLinks) LinkAddrs(name string, family dataplane.Family) ([]netip.Addr, error) {
 	l, err := f.link(name)
 	if err != nil {
 		return nil, err
 	}
 	var out []netip.Addr
 	for a := range l.addrs {
-		if family.has(a) {
+		if family.Has(a) {
 			out = append(out, a)
 		}
 	}
@@ -309,10 +330,10 @@ func (f *fakeLinks) DelAddr(name string, a netip.Addr) error {
 	return nil
 }
 
-func (f *fakeLinks) NodeAddrs(_ string, family Family) ([]netip.Addr, error) {
+func (f *fakeLinks) NodeAddrs(_ string, family dataplane.Family) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for _, a := range f.node {
-		if family.has(a) {
+		if family.Has(a) {
 			out = append(out, a)
 		}
 	}
@@ -373,7 +394,7 @@ func (f *fakeIPSet) Restore(_ context.Context, data []byte) error {
 	}
 	for i, line := range splitLines(data) {
 		if err := f.apply(line); err != nil {
-			return &RestoreError{Tool: "fake-ipset", Line: i + 1, Stderr: fmt.Sprintf("Error in line %d: %v", i+1, err), Err: errors.New("exit status 1")}
+			return &xtables.RestoreError{Tool: "fake-ipset", Line: i + 1, Stderr: fmt.Sprintf("Error in line %d: %v", i+1, err), Err: errors.New("exit status 1")}
 		}
 	}
 	return nil
@@ -504,9 +525,9 @@ func (f *fakeIPSet) Save(context.Context) ([]byte, error) {
 }
 
 // dump lists family's sets (by prefix) with their members, sorted.
-func (f *fakeIPSet) dump(family Family) string {
+func (f *fakeIPSet) dump(family dataplane.Family) string {
 	prefix := "PP-"
-	if family == IPv6 {
+	if family == dataplane.IPv6 {
 		prefix = "PP6-"
 	}
 	var b strings.Builder
@@ -563,7 +584,7 @@ func (f *fakeIPTables) Restore(_ context.Context, data []byte, flags ...string) 
 	var name string
 	refuse := func(n int, format string, args ...any) error {
 		err := fmt.Errorf(format, args...)
-		return &RestoreError{Tool: "fake-iptables-restore", Line: n, Stderr: err.Error(), Err: errors.New("exit status 2")}
+		return &xtables.RestoreError{Tool: "fake-iptables-restore", Line: n, Stderr: err.Error(), Err: errors.New("exit status 2")}
 	}
 	for i, line := range splitLines(data) {
 		n := i + 1
@@ -684,7 +705,7 @@ func builtinTarget(t string) bool {
 
 // dump is the whole kernel state of family, for goldens and comparisons:
 // virtual servers, the dummy link's addresses, and our sets.
-func (k *fakeKernel) dump(family Family) string {
+func (k *fakeKernel) dump(family dataplane.Family) string {
 	var b strings.Builder
 	b.WriteString("# IPVS\n")
 	b.WriteString(k.ipvs.dump(family))
@@ -696,7 +717,7 @@ func (k *fakeKernel) dump(family Family) string {
 		}
 		fmt.Fprintf(&b, "# addresses on %s (%s)\n", name, state)
 		for _, a := range slices.SortedFunc(maps.Keys(l.addrs), netip.Addr.Compare) {
-			if family.has(a) {
+			if family.Has(a) {
 				b.WriteString(a.String() + "\n")
 			}
 		}
@@ -704,4 +725,19 @@ func (k *fakeKernel) dump(family Family) string {
 	b.WriteString("# ipsets\n")
 	b.WriteString(k.ipset.dump(family))
 	return b.String()
+}
+
+// splitLines returns the lines of data, without newlines.
+func splitLines(data []byte) []string {
+	var out []string
+	for len(data) > 0 {
+		i := slices.Index(data, '\n')
+		if i < 0 {
+			out = append(out, string(data))
+			break
+		}
+		out = append(out, string(data[:i]))
+		data = data[i+1:]
+	}
+	return out
 }

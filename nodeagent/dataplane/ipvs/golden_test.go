@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
@@ -78,22 +79,22 @@ func TestRulesGolden(t *testing.T) {
 		cfg  func(*Config)
 	}{
 		{"rules", nil},
-		{"rules-local-none", func(c *Config) { c.LocalMode = LocalNone; c.NoRandomFully = true }},
-		{"rules-masquerade-all", func(c *Config) { c.MasqueradeAll = true; c.LocalMode = LocalNodeCIDR; c.MasqueradeBit = 5 }},
+		{"rules-local-none", func(c *Config) { c.LocalMode = dataplane.LocalNone; c.NoRandomFully = true }},
+		{"rules-masquerade-all", func(c *Config) { c.MasqueradeAll = true; c.LocalMode = dataplane.LocalNodeCIDR; c.MasqueradeBit = 5 }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			n := newNode(t, 0, tt.cfg)
 			n.mustSync(true)
 			var b strings.Builder
-			for _, f := range []Family{IPv4, IPv6} {
+			for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 				ipt := n.kern.iptables[f]
 				fmt.Fprintf(&b, "## %v nat\n%s## %v filter\n%s", f, ipt.dump("nat"), f, ipt.dump("filter"))
 			}
 			dptest.Golden(t, tt.name, b.String(), *update)
 			// The rules do not depend on the Services.
-			before := len(n.kern.iptables[IPv4].restores)
+			before := len(n.kern.iptables[dataplane.IPv4].restores)
 			n.mustSync(true, flowCases[0].services(0)...)
-			if r := n.kern.iptables[IPv4].restores; len(r) != before+1 || r[len(r)-1] != r[before-1] {
+			if r := n.kern.iptables[dataplane.IPv4].restores; len(r) != before+1 || r[len(r)-1] != r[before-1] {
 				t.Errorf("rules changed with the Services")
 			}
 		})
@@ -106,7 +107,7 @@ func TestRulesIgnoreServices(t *testing.T) {
 	n := newNode(t, 0, nil)
 	n.mustSync(true)
 	n.mustSync(false, flowCases[0].services(0)...)
-	if got := len(n.kern.iptables[IPv4].restores); got != 1 {
+	if got := len(n.kern.iptables[dataplane.IPv4].restores); got != 1 {
 		t.Errorf("iptables restores after a full and a partial sync = %d, want 1", got)
 	}
 }

@@ -8,7 +8,9 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -37,8 +39,8 @@ const (
 )
 
 // fam indexes the address arrays: 0 for IPv4, 1 for IPv6.
-func fam(f Family) int {
-	if f == IPv6 {
+func fam(f dataplane.Family) int {
+	if f == dataplane.IPv6 {
 		return 1
 	}
 	return 0
@@ -47,7 +49,7 @@ func fam(f Family) int {
 func podNode(pod int) int { return pod / 2 }
 
 // podEP is pod's endpoint address and port in family f.
-func podEP(pod int, f Family) string {
+func podEP(pod int, f dataplane.Family) string {
 	return netip.AddrPortFrom(netip.MustParseAddr(podIPs[pod][fam(f)]), backendPort).String()
 }
 
@@ -58,10 +60,10 @@ func nodeKernel(k int) *fakeKernel {
 
 // testConfig is the unit tests' configuration of family on node k, as the
 // flow suite configures the agent.
-func testConfig(family Family, k int) Config {
+func testConfig(family dataplane.Family, k int) Config {
 	c := DefaultConfig(family)
-	c.Backend = BackendNFT
-	c.LocalMode = LocalClusterCIDR
+	c.Backend = xtables.BackendNFT
+	c.LocalMode = dataplane.LocalClusterCIDR
 	c.ClusterCIDRs = clusterCIDRs
 	c.NodeIPs = nodeIPs[k][:]
 	return c
@@ -139,7 +141,7 @@ func (s svcSpec) build(k int) *pb.Service {
 	}
 	eps := func(local bool) []*pb.PortEndpoints {
 		var list []*pb.Endpoint
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 			for _, p := range s.pods {
 				if !local || podNode(p) == k {
 					list = append(list, &pb.Endpoint{Ip: podIPs[p][fam(f)], Port: backendPort, Ready: true, Serving: true})
@@ -165,14 +167,16 @@ type node struct {
 	t    testing.TB
 	k    int
 	kern *fakeKernel
-	dps  map[Family]*Dataplane
+	dps  map[dataplane.Family]*Dataplane
 	prev *proxytable.Table
+	// rec has the syncs the Dataplanes' Drivers reported, in order.
+	rec dptest.Recorder
 }
 
 func newNode(t testing.TB, k int, cfg func(*Config)) *node {
 	t.Helper()
-	n := &node{t: t, k: k, kern: nodeKernel(k), dps: map[Family]*Dataplane{}, prev: proxytable.Empty()}
-	for _, f := range []Family{IPv4, IPv6} {
+	n := &node{t: t, k: k, kern: nodeKernel(k), dps: map[dataplane.Family]*Dataplane{}, prev: proxytable.Empty()}
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		c := testConfig(f, k)
 		if cfg != nil {
 			cfg(&c)
@@ -180,9 +184,15 @@ func newNode(t testing.TB, k int, cfg func(*Config)) *node {
 		if err := c.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		n.dps[f] = newDataplane(c, n.kern.seams(f))
+		n.dps[f] = n.newDataplane(c)
 	}
 	return n
+}
+
+// newDataplane returns a Dataplane of c over n's kernel, reporting its
+// syncs to n.rec.
+func (n *node) newDataplane(c Config) *Dataplane {
+	return newDataplane(c, n.kern.seams(c.Family), n.rec.Observe)
 }
 
 // sync programs services into both families, fully or as a delta from the
@@ -192,7 +202,7 @@ func (n *node) sync(full bool, services ...*pb.Service) error {
 	next := dptest.Table(n.t, testNode(n.k), services...)
 	changed := dptest.ChangedKeys(n.prev, next)
 	var errs []string
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		if err := n.dps[f].Sync(context.Background(), next, changed, full); err != nil {
 			errs = append(errs, err.Error())
 		}
@@ -214,7 +224,7 @@ func (n *node) mustSync(full bool, services ...*pb.Service) {
 // dump is both families' kernel state plus the iptables tables.
 func (n *node) dump() string {
 	var b strings.Builder
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		fmt.Fprintf(&b, "## %v\n%s", f, n.kern.dump(f))
 	}
 	return b.String()

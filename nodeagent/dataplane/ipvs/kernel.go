@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // Protocol is a virtual server's transport protocol, as IPVS numbers it
@@ -135,7 +137,7 @@ type linkKernel interface {
 	// dummy link type.
 	EnsureLink(name string) error
 	// LinkAddrs lists the addresses of family on link name.
-	LinkAddrs(name string, family Family) ([]netip.Addr, error)
+	LinkAddrs(name string, family dataplane.Family) ([]netip.Addr, error)
 	// AddAddr binds a as a host address (/32 or /128) to link name.
 	// Idempotent: an address already bound is not an error.
 	AddAddr(name string, a netip.Addr) error
@@ -144,7 +146,7 @@ type linkKernel interface {
 	// NodeAddrs lists the node's addresses of family on every link but
 	// except, without loopback and link-local ones: where NodePorts
 	// answer.
-	NodeAddrs(except string, family Family) ([]netip.Addr, error)
+	NodeAddrs(except string, family dataplane.Family) ([]netip.Addr, error)
 }
 
 // sysctlKernel sets /proc/sys values. Not safe for concurrent use.
@@ -158,23 +160,10 @@ type sysctlKernel interface {
 type ipsetRunner interface {
 	// Restore feeds data to `ipset restore`. Lines before a refused one
 	// are applied (ipset restore is not atomic). A refused input is a
-	// *RestoreError carrying the reported line.
+	// *xtables.RestoreError carrying the reported line.
 	Restore(ctx context.Context, data []byte) error
 	// Save returns `ipset save` output: every set and its members.
 	Save(ctx context.Context) ([]byte, error)
-}
-
-// iptablesRunner runs the iptables tools of one family and backend. Not
-// safe for concurrent use.
-type iptablesRunner interface {
-	// Restore feeds data to iptables-restore with flags; each table
-	// commits on its own. A refused input is a *RestoreError.
-	Restore(ctx context.Context, data []byte, flags ...string) error
-	// Save returns iptables-save's dump of table.
-	Save(ctx context.Context, table string) ([]byte, error)
-	// EnsureRule inserts rule at the top of chain in table unless an
-	// identical rule is there. Idempotent.
-	EnsureRule(ctx context.Context, table, chain string, rule ...string) error
 }
 
 // familyChecker returns nil when the kernel has IPVS, an error wrapping

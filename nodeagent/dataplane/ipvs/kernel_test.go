@@ -15,8 +15,10 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // The kernel tests run as root (CI does) and skip otherwise. The first
@@ -55,7 +57,7 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 	if _, err := exec.LookPath("ipset"); err != nil {
 		t.Skip("ipset not installed (apt-get install -y ipset)")
 	}
-	for _, backend := range []Backend{BackendNFT, BackendLegacy} {
+	for _, backend := range []xtables.Backend{xtables.BackendNFT, xtables.BackendLegacy} {
 		t.Run(string(backend), func(t *testing.T) {
 			if _, err := exec.LookPath("iptables-" + string(backend) + "-restore"); err != nil {
 				t.Skipf("iptables-%s not installed: %v", backend, err)
@@ -67,7 +69,7 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 			real := newNode(t, 0, nil) // fake IPVS and links, real tools
 			ref := newNode(t, 0, nil)  // all fake, for comparison
 			var ipset ipsetRunner
-			for _, f := range []Family{IPv4, IPv6} {
+			for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 				c := testConfig(f, 0)
 				c.Backend, c.NetNS = backend, filepath.Join("/run/netns", ns)
 				c = withDefaults(c) // commands run under nsenter
@@ -75,14 +77,14 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				ipt, err := newExecIPTables(&c, backend)
+				ipt, err := xtables.NewRunners(c.tools())
 				if err != nil {
 					t.Fatal(err)
 				}
 				ipset = execIPSet{ipsetTool}
 				s := real.kern.seams(f)
-				s.ipset, s.iptables = ipset, map[Backend]iptablesRunner{backend: ipt}
-				real.dps[f] = newDataplane(c, s)
+				s.ipset, s.iptables = ipset, ipt
+				real.dps[f] = newDataplane(c, s, nil)
 			}
 
 			var before, after []*pb.Service
@@ -104,7 +106,7 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, f := range []Family{IPv4, IPv6} {
+				for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 					got := parseIPSetSave(f, out)
 					for id := range numSets {
 						g := slices.Sorted(maps.Keys(got[id]))
@@ -118,19 +120,19 @@ func TestKernelToolsAcceptEverything(t *testing.T) {
 
 			// Our chains and exactly one of each jump, after two full
 			// syncs.
-			for _, f := range []Family{IPv4, IPv6} {
-				bin := map[Family]string{IPv4: "iptables", IPv6: "ip6tables"}[f] + "-" + string(backend) + "-save"
+			for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
+				bin := map[dataplane.Family]string{dataplane.IPv4: "iptables", dataplane.IPv6: "ip6tables"}[f] + "-" + string(backend) + "-save"
 				for _, table := range []string{"nat", "filter"} {
 					out, err := exec.CommandContext(ctx, "ip", "netns", "exec", ns, bin, "-t", table).CombinedOutput()
 					if err != nil {
 						t.Fatalf("%s: %v: %s", bin, err, out)
 					}
 					for _, j := range jumps {
-						if j.table != table {
+						if j.Table != table {
 							continue
 						}
-						if n := strings.Count(string(out), "-A "+j.from+" -m comment --comment \""+j.comment+"\" -j "+j.to+"\n"); n != 1 {
-							t.Errorf("%s %s: %d jumps from %s to %s, want 1:\n%s", bin, table, n, j.from, j.to, out)
+						if n := strings.Count(string(out), "-A "+j.From+" -m comment --comment \""+j.Comment+"\" -j "+j.To+"\n"); n != 1 {
+							t.Errorf("%s %s: %d jumps from %s to %s, want 1:\n%s", bin, table, n, j.From, j.To, out)
 						}
 					}
 				}
@@ -165,12 +167,12 @@ func TestKernelIPVS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), kernelTimeout)
 	defer cancel()
 	table := dptest.Table(t, testNode(0), web, empty)
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		c := DefaultConfig(f)
-		c.LocalMode, c.ClusterCIDRs = LocalClusterCIDR, clusterCIDRs
+		c.LocalMode, c.ClusterCIDRs = dataplane.LocalClusterCIDR, clusterCIDRs
 		c.NodeIPs = []string{tp.NodeIP().String(), tp.NodeIPv6().String()}
 		c.NetNS = filepath.Join("/run/netns", tp.NodeNS())
-		d, err := New(c)
+		d, err := New(c, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +183,7 @@ func TestKernelIPVS(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		t.Run(f.String(), func(t *testing.T) {
 			addr := nstest.HostPort(netip.MustParseAddr(clusterIPs(0)[fam(f)]), 80)
 			got, err := tp.Spread(tp.PodNS(0), addr, 20, 3*time.Second)
@@ -189,7 +191,7 @@ func TestKernelIPVS(t *testing.T) {
 				t.Errorf("ClusterIP %s from pod-0: %v, %v; want both pods", addr, got, err)
 			}
 			node := tp.NodeIP()
-			if f == IPv6 {
+			if f == dataplane.IPv6 {
 				node = tp.NodeIPv6()
 			}
 			np := nstest.HostPort(node, nodePort(0))

@@ -15,6 +15,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // checkIPVSFamily looks for the "IPVS" generic netlink family, which the
@@ -192,8 +194,8 @@ func newNetlinkLinks(ns string) (*netlinkLinks, error) {
 	return &netlinkLinks{h: h}, nil
 }
 
-func nlFamily(f Family) int {
-	if f == IPv6 {
+func nlFamily(f dataplane.Family) int {
+	if f == dataplane.IPv6 {
 		return netlink.FAMILY_V6
 	}
 	return netlink.FAMILY_V4
@@ -233,7 +235,7 @@ func (l *netlinkLinks) EnsureLink(name string) error {
 }
 
 // LinkAddrs implements linkKernel.
-func (l *netlinkLinks) LinkAddrs(name string, family Family) ([]netip.Addr, error) {
+func (l *netlinkLinks) LinkAddrs(name string, family dataplane.Family) ([]netip.Addr, error) {
 	link, err := l.h.LinkByName(name)
 	if err != nil {
 		return nil, fmt.Errorf("finding link %s: %w", name, err)
@@ -286,7 +288,7 @@ func (l *netlinkLinks) DelAddr(name string, a netip.Addr) error {
 }
 
 // NodeAddrs implements linkKernel.
-func (l *netlinkLinks) NodeAddrs(except string, family Family) ([]netip.Addr, error) {
+func (l *netlinkLinks) NodeAddrs(except string, family dataplane.Family) ([]netip.Addr, error) {
 	skip := -1
 	if link, err := l.h.LinkByName(except); err == nil {
 		skip = link.Attrs().Index
@@ -300,7 +302,7 @@ func (l *netlinkLinks) NodeAddrs(except string, family Family) ([]netip.Addr, er
 		if a.LinkIndex == skip {
 			continue
 		}
-		if ip, ok := addrFromIP(a.IP); ok && family.has(ip) && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+		if ip, ok := addrFromIP(a.IP); ok && family.Has(ip) && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
 			out = append(out, ip)
 		}
 	}

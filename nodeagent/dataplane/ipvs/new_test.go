@@ -6,6 +6,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // noIPVSMessage is what an operator must read when the kernel lacks IPVS.
@@ -16,7 +19,7 @@ func TestNewChecksIPVSFirst(t *testing.T) {
 	open := func(*Config) (*seams, error) { opened = true; return nil, errors.New("must not be called") }
 	noIPVS := func() error { return fmt.Errorf("%w: generic netlink family \"IPVS\" not found", ErrNoIPVS) }
 
-	_, err := newChecked(DefaultConfig(IPv4), noIPVS, open)
+	_, err := newChecked(DefaultConfig(dataplane.IPv4), nil, noIPVS, open)
 	if !IsIPVSUnavailable(err) || !strings.Contains(err.Error(), noIPVSMessage) {
 		t.Errorf("New error = %v, want one matching IsIPVSUnavailable and naming %q", err, noIPVSMessage)
 	}
@@ -25,15 +28,15 @@ func TestNewChecksIPVSFirst(t *testing.T) {
 	}
 
 	// An invalid configuration is reported before the kernel is asked.
-	bad := DefaultConfig(IPv4)
+	bad := DefaultConfig(dataplane.IPv4)
 	bad.Scheduler = "nope"
-	if _, err := newChecked(bad, noIPVS, open); !errors.Is(err, ErrInvalidConfig) || IsIPVSUnavailable(err) {
+	if _, err := newChecked(bad, nil, noIPVS, open); !errors.Is(err, dataplane.ErrInvalidConfig) || IsIPVSUnavailable(err) {
 		t.Errorf("New(invalid) = %v, want ErrInvalidConfig", err)
 	}
 
 	// A lookup that fails otherwise is not "no IPVS".
 	perm := func() error { return fmt.Errorf("looking up the IPVS generic netlink family: %w", syscall.EPERM) }
-	if _, err := newChecked(DefaultConfig(IPv4), perm, open); err == nil || IsIPVSUnavailable(err) {
+	if _, err := newChecked(DefaultConfig(dataplane.IPv4), nil, perm, open); err == nil || IsIPVSUnavailable(err) {
 		t.Errorf("New with EPERM = %v, want an error that is not IsIPVSUnavailable", err)
 	}
 
@@ -41,12 +44,12 @@ func TestNewChecksIPVSFirst(t *testing.T) {
 	// reported.
 	ok := func() error { return nil }
 	missing := func(*Config) (*seams, error) {
-		return nil, &MissingBinaryError{Name: "ipset", Err: errors.New("not found")}
+		return nil, &xtables.MissingBinaryError{Name: "ipset", Err: errors.New("not found")}
 	}
-	if _, err := newChecked(DefaultConfig(IPv4), ok, missing); !IsMissingBinary(err) || !strings.Contains(err.Error(), "install ipset") {
+	if _, err := newChecked(DefaultConfig(dataplane.IPv4), nil, ok, missing); !xtables.IsMissingBinary(err) || !strings.Contains(err.Error(), "install ipset") {
 		t.Errorf("New without ipset = %v", err)
 	}
-	d, err := newChecked(DefaultConfig(IPv4), ok, func(*Config) (*seams, error) { return newFakeKernel().seams(IPv4), nil })
+	d, err := newChecked(DefaultConfig(dataplane.IPv4), nil, ok, func(*Config) (*seams, error) { return newFakeKernel().seams(dataplane.IPv4), nil })
 	if err != nil || d == nil {
 		t.Errorf("New = %v, %v", d, err)
 	}
@@ -63,8 +66,8 @@ func TestNewOnThisKernel(t *testing.T) {
 	case !IsIPVSUnavailable(err):
 		t.Skipf("cannot tell whether the kernel has IPVS here (a sandbox denying generic netlink?): %v", err)
 	}
-	for _, f := range []Family{IPv4, IPv6} {
-		d, err := New(DefaultConfig(f))
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
+		d, err := New(DefaultConfig(f), nil)
 		if d != nil || !IsIPVSUnavailable(err) {
 			t.Fatalf("New(%v) = %v, %v; want an error matching IsIPVSUnavailable", f, d, err)
 		}

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -13,7 +14,7 @@ import (
 // params is everything planning needs besides the table, resolved from
 // Config, the table's NodeInfo and the node's addresses at each sync.
 type params struct {
-	family    Family
+	family    dataplane.Family
 	scheduler string
 	// nodeAddrs are the node's own addresses (not the dummy link's): an
 	// external or load balancer IP among them is not bound again.
@@ -28,7 +29,7 @@ type params struct {
 
 // ruleParams is what the iptables rules depend on.
 type ruleParams struct {
-	family        Family
+	family        dataplane.Family
 	mark          string // the masquerade bit as a mark value, "0x004000"
 	masqueradeAll bool
 	// localCIDR is the pod CIDR of the family; "" when pod traffic cannot
@@ -38,7 +39,7 @@ type ruleParams struct {
 }
 
 func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
-	set := c.settings()
+	set := &c.Settings
 	p := &params{
 		family:    c.Family,
 		scheduler: c.Scheduler,
@@ -51,7 +52,7 @@ func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
 		},
 	}
 	for _, a := range nodeAddrs {
-		if c.Family.has(a) {
+		if c.Family.Has(a) {
 			p.nodeAddrs = append(p.nodeAddrs, a)
 		}
 	}
@@ -100,7 +101,7 @@ type vsPlan struct {
 // plan.Of's; this turns them into virtual servers, bound addresses and
 // set members.
 func planService(e *pb.ServiceEntry, p *params) (out *svcPlan, ok bool) {
-	s, ok := plan.Of(e, plan.Family(p.family))
+	s, ok := plan.Of(e, p.family)
 	if !ok {
 		return nil, false
 	}

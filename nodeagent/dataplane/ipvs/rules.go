@@ -1,9 +1,9 @@
 package ipvs
 
 import (
-	"context"
-	"fmt"
 	"strings"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // Our chains. Every name starts with PP-IPVS-, so that neither kube-proxy
@@ -19,41 +19,18 @@ const (
 	chainForward      = "PP-IPVS-FORWARD"       // filter: forwarding under a DROP policy
 )
 
-// jump is a rule in a built-in chain that sends packets into one of our
-// chains. Jumps are ensured one by one (a restore would have to own, and so
-// flush, the built-in chains), at the top, so that a host firewall's later
-// "-A INPUT -j DROP" cannot shadow them.
-type jump struct {
-	table, from, to, comment string
-}
-
-func (j jump) rule() []string {
-	return []string{"-m", "comment", "--comment", j.comment, "-j", j.to}
-}
-
 // jumps are kube-proxy's IPVS-mode hooks (iptablesJumpChain) for our
 // chains. The filter chains hook INPUT only: every address IPVS serves is
 // local (bound to the dummy link, or the node's own), and IPVS takes
 // packets in LOCAL_IN after the filter table has seen them.
-var jumps = []jump{
-	{"nat", "PREROUTING", chainServices, "proxyplane ipvs service portals"},
-	{"nat", "OUTPUT", chainServices, "proxyplane ipvs service portals"},
-	{"nat", "POSTROUTING", chainPostrouting, "proxyplane ipvs postrouting rules"},
-	{"filter", "INPUT", chainFirewall, "proxyplane ipvs firewall"},
-	{"filter", "INPUT", chainHealthCheck, "proxyplane ipvs health check node ports"},
-	{"filter", "INPUT", chainFilter, "proxyplane ipvs access filter"},
-	{"filter", "FORWARD", chainForward, "proxyplane ipvs forwarding rules"},
-}
-
-// ensureJumps installs every jump. Our chains must exist (the restore
-// created them) or the kernel refuses the jump.
-func ensureJumps(ctx context.Context, r iptablesRunner) error {
-	for _, j := range jumps {
-		if err := r.EnsureRule(ctx, j.table, j.from, j.rule()...); err != nil {
-			return fmt.Errorf("ensuring %s %s jumps to %s: %w", j.table, j.from, j.to, err)
-		}
-	}
-	return nil
+var jumps = []xtables.Jump{
+	{Table: "nat", From: "PREROUTING", To: chainServices, Comment: "proxyplane ipvs service portals"},
+	{Table: "nat", From: "OUTPUT", To: chainServices, Comment: "proxyplane ipvs service portals"},
+	{Table: "nat", From: "POSTROUTING", To: chainPostrouting, Comment: "proxyplane ipvs postrouting rules"},
+	{Table: "filter", From: "INPUT", To: chainFirewall, Comment: "proxyplane ipvs firewall"},
+	{Table: "filter", From: "INPUT", To: chainHealthCheck, Comment: "proxyplane ipvs health check node ports"},
+	{Table: "filter", From: "INPUT", To: chainFilter, Comment: "proxyplane ipvs access filter"},
+	{Table: "filter", From: "FORWARD", To: chainForward, Comment: "proxyplane ipvs forwarding rules"},
 }
 
 // renderRules writes the iptables-restore input (for --noflush) of every
@@ -77,10 +54,7 @@ func renderRules(p *ruleParams) []byte {
 		}
 		return out
 	}
-	lo := "127.0.0.0/8"
-	if p.family == IPv6 {
-		lo = "::1/128"
-	}
+	lo := p.family.Loopback().String()
 
 	line("*nat")
 	for _, c := range []string{chainServices, chainPostrouting, chainMarkMasq} {

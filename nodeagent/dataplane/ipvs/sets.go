@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // setID names one of the ipsets the rules match on. The list is fixed, as
@@ -78,8 +80,8 @@ const maxElem = 1 << 20
 // setName returns the kernel name of set id for family: "PP-CLUSTER-IP"
 // or "PP6-CLUSTER-IP". Set names are global across families, and ipset
 // keeps IPv4 and IPv6 members in different sets.
-func setName(family Family, id setID) string {
-	if family == IPv6 {
+func setName(family dataplane.Family, id setID) string {
+	if family == dataplane.IPv6 {
 		return "PP6-" + setInfo[id].name
 	}
 	return "PP-" + setInfo[id].name
@@ -88,13 +90,13 @@ func setName(family Family, id setID) string {
 // createLine is the restore line that creates set id if it is missing.
 // -exist makes it a no-op for a set of the same type and parameters
 // (growth of a hash table does not count, see the kernel's same_set).
-func createLine(family Family, id setID) string {
+func createLine(family dataplane.Family, id setID) string {
 	info := setInfo[id]
 	if info.typ == "bitmap:port" {
 		return "create " + setName(family, id) + " bitmap:port range 0-65535 -exist"
 	}
 	fam := "inet"
-	if family == IPv6 {
+	if family == dataplane.IPv6 {
 		fam = "inet6"
 	}
 	return "create " + setName(family, id) + " " + info.typ + " family " + fam + " hashsize 1024 maxelem " + strconv.Itoa(maxElem) + " -exist"
@@ -159,7 +161,7 @@ type members map[string]struct{}
 
 // parseIPSetSave returns the members of family's sets found in `ipset
 // save` output, by set; sets not listed do not exist.
-func parseIPSetSave(family Family, out []byte) map[setID]members {
+func parseIPSetSave(family dataplane.Family, out []byte) map[setID]members {
 	byName := map[string]setID{}
 	for id := range numSets {
 		byName[setName(family, id)] = id
@@ -195,7 +197,7 @@ func parseIPSetSave(family Family, out []byte) map[setID]members {
 // to want: creates (when create is set), then additions, then deletions,
 // each set in setID order and members sorted, so that the input is
 // deterministic. -exist makes each line idempotent.
-func renderIPSet(family Family, cur, want *[numSets]members, create bool) []byte {
+func renderIPSet(family dataplane.Family, cur, want *[numSets]members, create bool) []byte {
 	var b bytes.Buffer
 	if create {
 		for id := range numSets {

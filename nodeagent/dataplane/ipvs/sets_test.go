@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // saveSample is real `ipset save` output (ipset 7.17) for members as this
@@ -26,7 +27,7 @@ add KUBE-CLUSTER-IP 10.96.0.1,tcp:443
 `
 
 func TestParseIPSetSave(t *testing.T) {
-	got := parseIPSetSave(IPv4, []byte(saveSample))
+	got := parseIPSetSave(dataplane.IPv4, []byte(saveSample))
 	want := map[setID][]string{
 		setClusterIP:    {"10.96.0.10,sctp:3868", "10.96.0.10,tcp:80"},
 		setSourceRanges: {"198.51.100.40,tcp:80,198.51.100.40", "198.51.100.40,tcp:80,203.0.113.0/29"},
@@ -37,10 +38,10 @@ func TestParseIPSetSave(t *testing.T) {
 	}
 	for id, w := range want {
 		if g := slices.Sorted(maps.Keys(got[id])); !slices.Equal(g, w) {
-			t.Errorf("%s = %v, want %v", setName(IPv4, id), g, w)
+			t.Errorf("%s = %v, want %v", setName(dataplane.IPv4, id), g, w)
 		}
 	}
-	v6 := parseIPSetSave(IPv6, []byte(saveSample))
+	v6 := parseIPSetSave(dataplane.IPv6, []byte(saveSample))
 	if g := slices.Sorted(maps.Keys(v6[setSourceRanges])); !slices.Equal(g, []string{"fd00::40,tcp:80,2001:db8::/48"}) {
 		t.Errorf("PP6-LB-SOURCE-RANGES = %v", g)
 	}
@@ -69,7 +70,7 @@ func TestNormalizeEntry(t *testing.T) {
 // TestSetNames checks every name fits ipset's 31 characters.
 func TestSetNames(t *testing.T) {
 	for id := range numSets {
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 			if n := setName(f, id); len(n) > 31 {
 				t.Errorf("%s is longer than ipset's 31 characters", n)
 			}

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 )
 
 // assertLikeFullSync checks that n's kernel holds exactly what full syncs
@@ -30,7 +32,7 @@ func (n *node) assertLikeFullSync() {
 	if got, want := n.dump(), ref.dump(); got != want {
 		n.t.Fatalf("kernel differs from a full sync of the same table:\n%s", dptest.LineDiff(want, got))
 	}
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		for _, table := range []string{"nat", "filter"} {
 			if got, want := n.kern.iptables[f].dump(table), ref.kern.iptables[f].dump(table); got != want {
 				n.t.Fatalf("%v %s table differs from a full sync:\n%s", f, table, dptest.LineDiff(want, got))
@@ -127,7 +129,7 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 		t.Errorf("removal: want the address unbound, then the virtual server deleted:\n%s", strings.Join(got, "\n"))
 	}
 	n.assertLikeFullSync()
-	if d := n.kern.dump(IPv4); strings.Contains(d, vip(13)) || strings.Contains(d, extIP(0, 13)) {
+	if d := n.kern.dump(dataplane.IPv4); strings.Contains(d, vip(13)) || strings.Contains(d, extIP(0, 13)) {
 		t.Errorf("removed Service left state behind:\n%s", d)
 	}
 }
@@ -241,8 +243,8 @@ func TestFullSyncRepairsDrift(t *testing.T) {
 	kern.ipset.sets["PP-CLUSTER-IP"].members["10.96.7.7,tcp:7"] = true
 	delete(kern.ipset.sets["PP-LOOP-BACK"].members, pod(0)+",tcp:8080,"+pod(0))
 	delete(kern.ipset.sets, "PP-DROP-INTERNAL")
-	kern.iptables[IPv4].tables["nat"][chainPostrouting] = nil
-	kern.iptables[IPv4].tables["nat"]["PREROUTING"] = nil
+	kern.iptables[dataplane.IPv4].tables["nat"][chainPostrouting] = nil
+	kern.iptables[dataplane.IPv4].tables["nat"]["PREROUTING"] = nil
 
 	// A partial sync trusts its record; a full one looks.
 	n.mustSync(false, services...)
@@ -267,13 +269,13 @@ func TestOtherFamilyAndOtherLinksUntouched(t *testing.T) {
 		return e.GetIp() == pod6(3)
 	})
 	next := dptest.Table(t, testNode(0), s)
-	if err := n.dps[IPv4].Sync(context.Background(), next, []string{"flows/spread"}, false); err != nil {
+	if err := n.dps[dataplane.IPv4].Sync(context.Background(), next, []string{"flows/spread"}, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := n.logSince(before); len(got) != 0 {
 		t.Errorf("IPv4 Dataplane changed %v for an IPv6-only change", got)
 	}
-	if err := n.dps[IPv6].Sync(context.Background(), next, []string{"flows/spread"}, false); err != nil {
+	if err := n.dps[dataplane.IPv6].Sync(context.Background(), next, []string{"flows/spread"}, false); err != nil {
 		t.Fatal(err)
 	}
 	for _, op := range n.logSince(before) {
@@ -289,7 +291,7 @@ func TestGracefulTermination(t *testing.T) {
 	n.mustSync(true, spec.build(0))
 	tcpVS := vsKey{netip.MustParseAddr(vip(15)), TCP, 80}
 	udpVS := vsKey{netip.MustParseAddr(vip(15)), UDP, 80}
-	old := netip.MustParseAddrPort(podEP(1, IPv4))
+	old := netip.MustParseAddrPort(podEP(1, dataplane.IPv4))
 	n.kern.ipvs.setConns(tcpVS, old, 2, 1)
 	n.kern.ipvs.setConns(udpVS, old, 0, 1)
 
@@ -301,8 +303,8 @@ func TestGracefulTermination(t *testing.T) {
 	if d := n.kern.ipvs.vss[udpVS].dests[old]; d != nil {
 		t.Errorf("UDP real server kept (%+v); expire_nodest_conn moves its flows, it should go at once", d)
 	}
-	if st := n.dps[IPv4].Stats(); st.Draining != 1 {
-		t.Errorf("Stats.Draining = %d, want 1", st.Draining)
+	if _, _, draining := n.kern.ipvs.count(dataplane.IPv4); draining != 1 {
+		t.Errorf("%d real servers draining, want 1", draining)
 	}
 
 	// Still busy: a sync with no change leaves it.
@@ -320,13 +322,13 @@ func TestGracefulTermination(t *testing.T) {
 
 	// An endpoint that comes back while draining gets its weight back:
 	// its connections carry on.
-	n.kern.ipvs.setConns(tcpVS, netip.MustParseAddrPort(podEP(2, IPv4)), 1, 0)
+	n.kern.ipvs.setConns(tcpVS, netip.MustParseAddrPort(podEP(2, dataplane.IPv4)), 1, 0)
 	spec.pods = []int{3}
 	n.mustSync(false, spec.build(0))
 	before := len(n.kern.log)
 	spec.pods = []int{2, 3}
 	n.mustSync(false, spec.build(0))
-	want := fmt.Sprintf("ipvs update-rs %s -> %s w1", tcpVS, podEP(2, IPv4))
+	want := fmt.Sprintf("ipvs update-rs %s -> %s w1", tcpVS, podEP(2, dataplane.IPv4))
 	if got := n.logSince(before); !slices.Contains(got, want) || slices.ContainsFunc(got, func(s string) bool { return strings.Contains(s, "add-rs "+tcpVS.String()) }) {
 		t.Errorf("returning endpoint: got %v, want %q and no re-add", got, want)
 	}
@@ -334,15 +336,15 @@ func TestGracefulTermination(t *testing.T) {
 
 	// After a restart, a full sync finds a weight-0 real server with
 	// connections in the kernel and keeps draining it.
-	n.kern.ipvs.setConns(tcpVS, netip.MustParseAddrPort(podEP(2, IPv4)), 1, 0)
+	n.kern.ipvs.setConns(tcpVS, netip.MustParseAddrPort(podEP(2, dataplane.IPv4)), 1, 0)
 	spec.pods = []int{3}
 	restarted := newNode(t, 0, nil)
 	restarted.kern = n.kern
-	for _, f := range []Family{IPv4, IPv6} {
-		restarted.dps[f] = newDataplane(testConfig(f, 0), n.kern.seams(f))
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
+		restarted.dps[f] = restarted.newDataplane(testConfig(f, 0))
 	}
 	restarted.mustSync(true, spec.build(0))
-	if d := n.kern.ipvs.vss[tcpVS].dests[netip.MustParseAddrPort(podEP(2, IPv4))]; d == nil || d.Weight != 0 {
+	if d := n.kern.ipvs.vss[tcpVS].dests[netip.MustParseAddrPort(podEP(2, dataplane.IPv4))]; d == nil || d.Weight != 0 {
 		t.Errorf("after a restart: draining real server %+v, want kept at weight 0", d)
 	}
 }
@@ -359,7 +361,7 @@ func TestFailureForcesFullSync(t *testing.T) {
 		}
 		return nil
 	}
-	err := n.dps[IPv4].Sync(context.Background(), dptest.Table(t, testNode(0), append(base, added.build(0))...), []string{"flows/nodeport"}, false)
+	err := n.dps[dataplane.IPv4].Sync(context.Background(), dptest.Table(t, testNode(0), append(base, added.build(0))...), []string{"flows/nodeport"}, false)
 	var ke *KernelError
 	if !errors.As(err, &ke) || !IsKernelFailed(err) || ke.Key != "flows/nodeport" || !errors.Is(err, syscall.ENOMEM) {
 		t.Fatalf("Sync error = %v, want a KernelError for flows/nodeport wrapping ENOMEM", err)
@@ -371,20 +373,23 @@ func TestFailureForcesFullSync(t *testing.T) {
 	if n.kern.ipvs.vss[vsKey{netip.MustParseAddr(vip(4)), UDP, 80}] == nil {
 		t.Errorf("a failure stopped the other changes")
 	}
-	if st := n.dps[IPv4].Stats(); st.Failures != 1 {
-		t.Errorf("Stats.Failures = %d, want 1", st.Failures)
+	if last := n.rec.Last(t); last.Family != dataplane.IPv4 || last.Full || !errors.Is(last.Err, err) || last.Mode != "ipvs" {
+		t.Errorf("reported %+v, want the failed partial ipvs IPv4 sync", last)
+	}
+	if _, _, failed := n.rec.Counts(dataplane.IPv4); failed != 1 {
+		t.Errorf("%d failed syncs reported, want 1", failed)
 	}
 	n.kern.fail = nil
 
 	// The next sync, asked to be partial, runs full and converges.
-	restores := len(n.kern.iptables[IPv4].restores)
+	restores := len(n.kern.iptables[dataplane.IPv4].restores)
 	n.mustSync(false, append(base, added.build(0))...)
-	if len(n.kern.iptables[IPv4].restores) != restores+1 {
+	if len(n.kern.iptables[dataplane.IPv4].restores) != restores+1 {
 		t.Errorf("the sync after a failure was not full")
 	}
 	n.assertLikeFullSync()
-	if st := n.dps[IPv4].Stats(); st.FullSyncs != 2 || st.PartialSyncs != 0 {
-		t.Errorf("stats = %+v, want 2 full syncs", st)
+	if full, partial, _ := n.rec.Counts(dataplane.IPv4); full != 2 || partial != 0 {
+		t.Errorf("%d full and %d partial syncs succeeded, want 2 full", full, partial)
 	}
 }
 
@@ -392,14 +397,14 @@ func TestRestoreFailureNamesTheLine(t *testing.T) {
 	n := newNode(t, 0, nil)
 	n.kern.fail = func(op string) error {
 		if op == "ipset restore" {
-			return &RestoreError{Tool: "ipset", Line: 2, Stderr: "ipset v7.17: Error in line 2: Kernel error received: Invalid argument", Err: errors.New("exit status 1")}
+			return &xtables.RestoreError{Tool: "ipset restore", Line: 2, Stderr: "ipset v7.17: Error in line 2: Kernel error received: Invalid argument", Err: errors.New("exit status 1")}
 		}
 		return nil
 	}
-	err := n.dps[IPv4].Sync(context.Background(), dptest.Table(t, testNode(0), flowCases[0].services(0)...), nil, true)
-	var re *RestoreError
-	if !IsRestoreFailed(err) || !errors.As(err, &re) || re.Rule != createLine(IPv4, 1) {
-		t.Errorf("RestoreError = %+v, want the failing line %q", re, createLine(IPv4, 1))
+	err := n.dps[dataplane.IPv4].Sync(context.Background(), dptest.Table(t, testNode(0), flowCases[0].services(0)...), nil, true)
+	var re *xtables.RestoreError
+	if !xtables.IsRestoreFailed(err) || !errors.As(err, &re) || re.Rule != createLine(dataplane.IPv4, 1) {
+		t.Errorf("RestoreError = %+v, want the failing line %q", re, createLine(dataplane.IPv4, 1))
 	}
 }
 
@@ -409,10 +414,10 @@ func TestRestartAdoptsTheKernel(t *testing.T) {
 	n.mustSync(true, services...)
 	// A new agent process: same kernel, new Dataplanes, full sync.
 	before := len(n.kern.log)
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		c := testConfig(f, 0)
 		c.TCPTimeout = 15 * time.Minute
-		n.dps[f] = newDataplane(c, n.kern.seams(f))
+		n.dps[f] = n.newDataplane(c)
 	}
 	n.mustSync(true, services...)
 	for _, op := range n.logSince(before) {
@@ -439,10 +444,10 @@ func TestUpdatesInPlace(t *testing.T) {
 
 	// A restart with another scheduler updates every virtual server in
 	// place: none goes away.
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		c := testConfig(f, 0)
 		c.Scheduler = "wlc"
-		n.dps[f] = newDataplane(c, n.kern.seams(f))
+		n.dps[f] = n.newDataplane(c)
 	}
 	before = len(n.kern.log)
 	n.mustSync(true, spec.build(0))
@@ -461,12 +466,12 @@ func TestNodeAddressChangeForcesFullSync(t *testing.T) {
 	spec := svcSpec{idx: 4, name: "nodeport", nodePort: true, pods: []int{1}}
 	n.mustSync(true, spec.build(0))
 	n.kern.links.node = append(n.kern.links.node, netip.MustParseAddr("10.0.0.7"))
-	restores := len(n.kern.iptables[IPv4].restores)
+	restores := len(n.kern.iptables[dataplane.IPv4].restores)
 	n.mustSync(false, spec.build(0))
 	if n.kern.ipvs.vss[vsKey{netip.MustParseAddr("10.0.0.7"), TCP, uint16(nodePort(4))}] == nil {
 		t.Errorf("no NodePort virtual server on the new node address")
 	}
-	if len(n.kern.iptables[IPv4].restores) != restores+1 {
+	if len(n.kern.iptables[dataplane.IPv4].restores) != restores+1 {
 		t.Errorf("a node address change did not make the sync full")
 	}
 }
@@ -504,7 +509,7 @@ func TestPrepare(t *testing.T) {
 		t.Errorf("link %s = %+v, want created and up", DefaultInterface, l)
 	}
 	for id := range numSets {
-		for _, f := range []Family{IPv4, IPv6} {
+		for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 			if n.kern.ipset.sets[setName(f, id)] == nil {
 				t.Errorf("set %s not created", setName(f, id))
 			}
@@ -522,20 +527,32 @@ func TestPrepare(t *testing.T) {
 func TestNoDummyLink(t *testing.T) {
 	n := newNode(t, 0, nil)
 	n.kern.links.noDummy = true
-	err := n.dps[IPv4].Sync(context.Background(), dptest.Table(t, testNode(0)), nil, true)
+	err := n.dps[dataplane.IPv4].Sync(context.Background(), dptest.Table(t, testNode(0)), nil, true)
 	if !IsDummyUnavailable(err) || !strings.Contains(err.Error(), "the kernel has no dummy link type (dummy module / CONFIG_DUMMY)") {
 		t.Errorf("Sync error = %v, want one naming the missing dummy link type", err)
 	}
 }
 
-func TestStatsCounts(t *testing.T) {
+// TestSyncsObserved checks what the Driver reports of each sync, and
+// what a full and a partial sync of one Service leave.
+func TestSyncsObserved(t *testing.T) {
 	n := newNode(t, 0, nil)
 	n.mustSync(true, flowCases[0].services(0)...)
 	n.mustSync(false, flowCases[0].services(0)...)
-	st := n.dps[IPv4].Stats()
+	if full, partial, failed := n.rec.Counts(dataplane.IPv4); full != 1 || partial != 1 || failed != 0 {
+		t.Errorf("%d full, %d partial and %d failed syncs reported, want one full and one partial", full, partial, failed)
+	}
+	for _, r := range n.rec.Results {
+		if r.Mode != "ipvs" || r.Took <= 0 {
+			t.Errorf("reported %+v, want mode ipvs and a duration", r)
+		}
+	}
+	d := n.dps[dataplane.IPv4]
+	if d.b.tools.Backend() != xtables.BackendNFT || len(d.b.plans) != 1 {
+		t.Errorf("backend %q and %d Services planned, want nft and 1", d.b.tools.Backend(), len(d.b.plans))
+	}
 	// ClusterIP TCP and UDP, four real servers each.
-	if st.Backend != BackendNFT || st.FullSyncs != 1 || st.PartialSyncs != 1 || st.Services != 1 ||
-		st.VirtualServers != 2 || st.RealServers != 8 || st.Draining != 0 || st.LastSync.IsZero() {
-		t.Errorf("Stats = %+v", st)
+	if vss, rss, draining := n.kern.ipvs.count(dataplane.IPv4); vss != 2 || rss != 8 || draining != 0 {
+		t.Errorf("%d virtual servers, %d real servers, %d draining; want 2, 8, 0", vss, rss, draining)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
@@ -65,7 +66,7 @@ type tracer struct {
 	tb testing.TB
 	k  *fakeKernel
 	// family of the flow being traced: its iptables tables.
-	family Family
+	family dataplane.Family
 }
 
 func (tr *tracer) ipt() *fakeIPTables { return tr.k.iptables[tr.family] }
@@ -82,9 +83,9 @@ type pkt struct {
 func (tr *tracer) trace(f flow) []outcome {
 	tr.tb.Helper()
 	p := pkt{src: netip.MustParseAddr(f.src), dst: netip.MustParseAddr(f.dst), proto: f.proto, dport: f.dport}
-	tr.family = IPv4
+	tr.family = dataplane.IPv4
 	if p.dst.Is6() {
-		tr.family = IPv6
+		tr.family = dataplane.IPv6
 	}
 	natHook := "PREROUTING"
 	if f.fromNode {

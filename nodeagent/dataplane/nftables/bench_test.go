@@ -16,6 +16,7 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
@@ -76,8 +77,8 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 	ns := tp.NodeNS()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	cfg := DefaultConfig(IPv4)
-	cfg.LocalMode = LocalClusterCIDR
+	cfg := DefaultConfig(dataplane.IPv4)
+	cfg.LocalMode = dataplane.LocalClusterCIDR
 	cfg.ClusterCIDRs = []string{"10.0.0.0/8"}
 	cfg.NetNS = nsPath(ns)
 	node := &pb.NodeInfo{Name: "bench", Hash: 1}
@@ -100,7 +101,7 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 			b.Fatalf("deleting the table: %v", err)
 		}
 	}
-	raw := newNetlinkKernel(IPv4, nsPath(ns))
+	raw := newNetlinkKernel(dataplane.IPv4, nsPath(ns))
 
 	var build, initial, floor, rawFull, steady, recreate []time.Duration
 	var text string
@@ -111,13 +112,13 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 			tx := fullTransaction(st, nil, true)
 			row.ops = len(tx.ops)
 			var err error
-			bt, err = encodeBatch(tx, IPv4, 1)
+			bt, err = encodeBatch(tx, dataplane.IPv4, 1)
 			return err
 		}))
 		row.bytes = len(bt.buf)
 
 		dropTable()
-		d, err := New(cfg)
+		d, err := New(cfg, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -136,7 +137,7 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 
 		dropTable()
 		if text == "" {
-			text = rulesetText(st, IPv4)
+			text = rulesetText(st, dataplane.IPv4)
 		}
 		floor = append(floor, timeNFTScript(b, ns, text))
 	}
@@ -144,7 +145,8 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 	row.fullSteady, row.recreate = dptest.Median(steady), dptest.Median(recreate)
 
 	// Bring the Dataplane in step with the table in force.
-	d, err := New(cfg)
+	rec := &dptest.Recorder{}
+	d, err := New(cfg, rec.Observe)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -178,16 +180,16 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 		cur = next
 	}
 	row.partialSvc = dptest.Median(partial)
-	if st := d.Stats(); st.PartialSyncs == 0 || st.Failures != 0 {
-		b.Fatalf("unexpected stats %+v", st)
+	if rec.Count(false, false) == 0 || rec.Count(false, true)+rec.Count(true, true) != 0 {
+		b.Fatalf("unexpected syncs %+v", rec.Results)
 	}
 
 	// Floor: one element in and out of service-ips, pointing at an
 	// existing chain, which makes the kernel validate the table as any
 	// change of a jump or a map does.
-	target := d.state.services["ns/svc-0"].chains[0].name
+	target := d.b.state.services["ns/svc-0"].chains[0].name
 	el := []element{{key: elemKey{addr: mustAddr("10.63.0.1"), proto: protoTCP, port: 80}, verdict: goTo(target)}}
-	ips := d.state.sharedSet(mapServiceIPs)
+	ips := d.b.state.sharedSet(mapServiceIPs)
 	var one []time.Duration
 	for range max(reps, 5) {
 		one = append(one, timed(func() error {
@@ -217,11 +219,11 @@ func benchKnftables(b *testing.B, tp *nstest.Topology, ns string, there, back *t
 		}
 		for range max(reps, 5) {
 			start := time.Now()
-			if err := nft.Run(context.Background(), toKnftables(nft, there, IPv4)); err != nil {
+			if err := nft.Run(context.Background(), toKnftables(nft, there, dataplane.IPv4)); err != nil {
 				return fmt.Errorf("knftables: %w", err)
 			}
 			out = append(out, time.Since(start))
-			if err := nft.Run(context.Background(), toKnftables(nft, back, IPv4)); err != nil {
+			if err := nft.Run(context.Background(), toKnftables(nft, back, dataplane.IPv4)); err != nil {
 				return fmt.Errorf("knftables back: %w", err)
 			}
 		}
@@ -234,7 +236,7 @@ func benchKnftables(b *testing.B, tp *nstest.Topology, ns string, there, back *t
 }
 
 // toKnftables converts tx to a knftables transaction.
-func toKnftables(nft knftables.Interface, tx *transaction, f Family) *knftables.Transaction {
+func toKnftables(nft knftables.Interface, tx *transaction, f dataplane.Family) *knftables.Transaction {
 	kt := nft.NewTransaction()
 	for _, o := range tx.ops {
 		switch o.kind {
@@ -336,4 +338,60 @@ func printBenchTable(w io.Writer, rows []benchRow) {
 			r.partialEP.Seconds()/r.oneElm.Seconds(), dptest.Millis(r.knftEP))
 	}
 	_ = tw.Flush()
+}
+
+// BenchmarkDriftCheck measures what the drift check costs before a full
+// sync, on the real kernel, at N Services x 3 endpoints (PP_BENCH_SIZES,
+// default 10000): Drifted when nothing else committed (one GETGEN), and
+// when another program committed (GETGEN and the confirming listing of
+// the table's chains and sets). Medians of PP_BENCH_REPS (default 5):
+//
+//	go test -run '^$' -bench BenchmarkDriftCheck -benchtime 1x -timeout 30m ./nodeagent/dataplane/nftables/
+func BenchmarkDriftCheck(b *testing.B) {
+	requireKernel(b)
+	sizes := dptest.EnvInts(b, "PP_BENCH_SIZES", []int{10000})
+	reps := dptest.EnvInts(b, "PP_BENCH_REPS", []int{5})[0]
+	for _, n := range sizes {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			tp := nstest.New(b, nstest.Options{Pods: 1})
+			ns := tp.NodeNS()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+			defer cancel()
+			cfg := DefaultConfig(dataplane.IPv4)
+			cfg.NetNS = nsPath(ns)
+			d, err := New(cfg, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			tbl := dptest.Table(b, &pb.NodeInfo{Name: "bench", Hash: 1}, dptest.ScaleServices(n, 3)...)
+			if err := d.Sync(ctx, tbl, nil, true); err != nil {
+				b.Fatal(err)
+			}
+			inv := d.b.state.inventory()
+			var quiet, confirm []time.Duration
+			for i := range reps {
+				start := time.Now()
+				drifted, err := d.b.Drifted(ctx)
+				quiet = append(quiet, time.Since(start))
+				if err != nil || drifted {
+					b.Fatalf("Drifted with no other commit = %v, %v", drifted, err)
+				}
+				// Another program's commit, outside our table.
+				verb := []string{"add", "delete"}[i%2]
+				if out, err := tp.Exec(ns, "nft", verb, "table", "ip", "someone-else"); err != nil {
+					b.Fatalf("%s: %v", out, err)
+				}
+				start = time.Now()
+				drifted, err = d.b.Drifted(ctx)
+				confirm = append(confirm, time.Since(start))
+				if err != nil || drifted {
+					b.Fatalf("Drifted after another commit = %v, %v", drifted, err)
+				}
+			}
+			fmt.Printf("services %d (%d chains, %d sets): Drifted, no other commit: %v; after another commit (GETGEN + listing): %v\n",
+				n, len(inv.chains), len(inv.sets), dptest.Median(quiet).Round(time.Microsecond), dptest.Median(confirm).Round(time.Microsecond))
+			b.ReportMetric(float64(dptest.Median(quiet).Microseconds()), "gen-us")
+			b.ReportMetric(float64(dptest.Median(confirm).Microseconds()), "confirm-us")
+		})
+	}
 }

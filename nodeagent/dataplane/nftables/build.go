@@ -6,13 +6,13 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // params is everything building needs besides the table, resolved from
 // Config and the table's NodeInfo at each sync.
 type params struct {
-	family        Family
+	family        dataplane.Family
 	mark          uint32
 	masqueradeAll bool
 	// localCIDR is the pod CIDR of the family; invalid when pod traffic
@@ -26,17 +26,17 @@ type params struct {
 }
 
 func newParams(c *Config, node *pb.NodeInfo) params {
-	set := c.settings()
+	s := &c.Settings
 	p := params{
-		family:        c.Family,
-		mark:          uint32(1) << uint(c.MasqueradeBit),
-		masqueradeAll: c.MasqueradeAll,
-		nodeIPs:       set.NodeIPAddrs(),
-		dropInvalid:   !c.ConntrackTCPBeLiberal,
-		randomFully:   !c.NoRandomFully,
-		localCIDR:     set.LocalCIDR(node),
+		family:        s.Family,
+		mark:          uint32(1) << uint(s.MasqueradeBit),
+		masqueradeAll: s.MasqueradeAll,
+		nodeIPs:       s.NodeIPAddrs(),
+		dropInvalid:   !s.ConntrackTCPBeLiberal,
+		randomFully:   !s.NoRandomFully,
+		localCIDR:     s.LocalCIDR(node),
 	}
-	p.nodePortAll, p.nodePortCIDRs = set.NodePorts()
+	p.nodePortAll, p.nodePortCIDRs = s.NodePorts()
 	return p
 }
 
@@ -84,7 +84,7 @@ func skeleton(p *params) ([]*chain, []*set) {
 		newRule(newCT, jump(chainServiceEndpoints)),
 		newRule(newCT, jump(chainClusterIPsCheck)))
 
-	loopback := plan.Family(f).Loopback()
+	loopback := f.Loopback()
 	services := []rule{newRule(vmapLookup{withAddr: true, set: mapServiceIPs})}
 	nodePortChecks := []rule{}
 	if p.nodePortAll {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -13,13 +15,13 @@ func TestConfigValidate(t *testing.T) {
 		want string // substring of the error; "" for valid
 	}{
 		{name: "defaults", cfg: func(*Config) {}},
-		{name: "test config", cfg: func(c *Config) { *c = testConfig(IPv6) }},
+		{name: "test config", cfg: func(c *Config) { *c = testConfig(dataplane.IPv6) }},
 		{name: "family", cfg: func(c *Config) { c.Family = 5 }, want: "family"},
 		{name: "mark bit", cfg: func(c *Config) { c.MasqueradeBit = 32 }, want: "masquerade bit"},
 		{name: "local mode", cfg: func(c *Config) { c.LocalMode = "Interface" }, want: "local mode"},
-		{name: "cluster CIDR missing", cfg: func(c *Config) { c.LocalMode = LocalClusterCIDR; c.ClusterCIDRs = []string{"fd00::/64"} }, want: "none of family"},
+		{name: "cluster CIDR missing", cfg: func(c *Config) { c.LocalMode = dataplane.LocalClusterCIDR; c.ClusterCIDRs = []string{"fd00::/64"} }, want: "none of family"},
 		{name: "two cluster CIDRs", cfg: func(c *Config) {
-			c.LocalMode = LocalClusterCIDR
+			c.LocalMode = dataplane.LocalClusterCIDR
 			c.ClusterCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12"}
 		}, want: "more than one"},
 		{name: "loopback NodePorts", cfg: func(c *Config) { c.NodePortAddresses = []string{"127.0.0.0/8"} }, want: "loopback"},
@@ -27,16 +29,16 @@ func TestConfigValidate(t *testing.T) {
 		{name: "node IP", cfg: func(c *Config) { c.NodeIPs = []string{"node"} }, want: "nodeIPs"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig(IPv4)
+			cfg := DefaultConfig(dataplane.IPv4)
 			tt.cfg(&cfg)
 			err := cfg.Validate()
 			switch {
 			case tt.want == "" && err != nil:
 				t.Fatalf("Validate: %v", err)
-			case tt.want != "" && (!errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want)):
+			case tt.want != "" && (!errors.Is(err, dataplane.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want)):
 				t.Fatalf("Validate = %v, want ErrInvalidConfig mentioning %q", err, tt.want)
 			}
-			if _, err := New(cfg); (err == nil) != (tt.want == "") {
+			if _, err := New(cfg, nil); (err == nil) != (tt.want == "") {
 				t.Errorf("New error %v", err)
 			}
 		})

@@ -4,164 +4,211 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
-	"time"
+	"maps"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
+// mode is kube-proxy's --proxy-mode name for this dataplane.
+const mode = "nftables"
+
 // Dataplane programs one IP family of a node's proxy table into its own
-// nf_tables table over netlink. It implements dataplane.Dataplane.
+// nf_tables table over netlink: a dataplane.Driver running this package's
+// backend. Every Sync is one nf_tables transaction. A partial sync
+// rewrites the changed Services' chains and map elements; a full sync
+// rewrites the whole table and deletes what it does not use, keeping the
+// affinity sets that stay. Errors are a *TransactionError (nothing
+// changed) or a *SocketError, wrapped.
 type Dataplane struct {
-	cfg Config
-	k   kernel
-
-	// The fields below belong to the Sync caller (Sync is not safe for
-	// concurrent use, as dataplane.Dataplane says).
-	//
-	// state is what the kernel holds from our last successful
-	// transaction; nil when unknown (before the first sync, or after a
-	// transaction whose outcome is unknown), in which case the next full
-	// sync lists the table first.
-	state *state
-	// needFull forces the next sync to be full: a transaction was
-	// refused, and the caller expects the retry to repair everything.
-	needFull bool
-
-	mu    sync.Mutex // guards stats, read by Stats from any goroutine
-	stats Stats
+	*dataplane.Driver
+	b *backend
 }
 
-var _ dataplane.Dataplane = (*Dataplane)(nil)
-
-// Stats counts what the Dataplane did, for the agent's metrics.
-type Stats struct {
-	dataplane.SyncStats
-	// Failures counts failed transactions, of which PartialFailures were
-	// partial syncs.
-	Failures, PartialFailures uint64
-	// LastOps is the number of operations of the last transaction.
-	LastOps int
-}
-
-// New returns a Dataplane for cfg. It checks the configuration; it opens
-// no socket and changes nothing in the kernel until the first Sync.
-func New(cfg Config) (*Dataplane, error) {
+// New returns a Dataplane for cfg whose syncs observe hears of (observe
+// may be nil). It checks the configuration; it opens no socket and
+// changes nothing in the kernel until the first Sync.
+func New(cfg Config, observe dataplane.Observer) (*Dataplane, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return newDataplane(cfg, newNetlinkKernel(cfg.Family, cfg.NetNS)), nil
+	return newDataplane(cfg, newNetlinkKernel(cfg.Family, cfg.NetNS), observe), nil
 }
 
 // newDataplane is New's seam: the kernel is given.
-func newDataplane(cfg Config, k kernel) *Dataplane {
-	if cfg.LocalMode == "" {
-		cfg.LocalMode = LocalNone
-	}
-	return &Dataplane{cfg: cfg, k: k}
-}
-
-// Sync implements dataplane.Dataplane. Every Sync is one nf_tables
-// transaction. A partial sync rewrites the changed Services' chains and
-// map elements; it becomes full when nothing is known of the kernel yet,
-// after a failure, and when something every Service's rules depend on
-// changed (the node's pod CIDR in NodeCIDR mode). A full sync rewrites
-// the whole table and deletes what it does not use, keeping the affinity
-// sets that stay. Errors are a *TransactionError (nothing changed) or a
-// *SocketError, wrapped.
-func (d *Dataplane) Sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error {
-	start := time.Now()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	if t == nil {
-		t = proxytable.Empty()
-	}
-	p := newParams(&d.cfg, t.Node)
-	if !full && (d.state == nil || d.needFull || d.state.fingerprint != p.fingerprint()) {
-		full = true
-	}
-
-	var tx *transaction
-	var next *state
-	var ch *change
-	if full {
-		next = buildState(t, &p)
-		existing, reset := (*inventory)(nil), false
-		if d.state != nil {
-			// Transactions are atomic: after a refused one the kernel
-			// still holds exactly the last successful state.
-			existing = d.state.inventory()
-		} else {
-			var err error
-			if existing, err = d.k.List(ctx); err != nil {
-				return d.failed(fmt.Errorf("listing the %v table: %w", d.cfg.Family, err), false)
-			}
-			reset = true
-		}
-		tx = fullTransaction(next, existing, reset)
-	} else {
-		ch = computeChange(d.state, t, changed, &p)
-		tx = partialTransaction(d.state, ch)
-	}
-
-	if err := d.k.Run(ctx, tx); err != nil {
-		if IsOutcomeUnknown(err) {
-			d.state = nil
-		}
-		return d.failed(fmt.Errorf("syncing %v nftables rules: %w", d.cfg.Family, markPartial(err, !full)), !full)
-	}
-	if full {
-		d.state = next
-	} else {
-		d.state.apply(ch)
-	}
-	d.needFull = false
-
-	d.mu.Lock()
-	d.stats.Succeeded(full, start, len(d.state.services))
-	d.stats.LastOps = len(tx.ops)
-	d.mu.Unlock()
-	return nil
-}
-
-// failed records a failure and forces the next sync to be full.
-func (d *Dataplane) failed(err error, partial bool) error {
-	d.needFull = true
-	d.mu.Lock()
-	d.stats.Failures++
-	if partial {
-		d.stats.PartialFailures++
-	}
-	d.mu.Unlock()
-	if d.cfg.OnTransactionFailure != nil {
-		d.cfg.OnTransactionFailure(partial)
-	}
-	return err
-}
-
-func markPartial(err error, partial bool) error {
-	var te *TransactionError
-	if errors.As(err, &te) {
-		te.Partial = partial
-	}
-	return err
-}
-
-// Stats returns the counters. Safe for concurrent use with Sync.
-func (d *Dataplane) Stats() Stats {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.stats
+func newDataplane(cfg Config, k kernel, observe dataplane.Observer) *Dataplane {
+	b := &backend{cfg: cfg, k: k}
+	return &Dataplane{Driver: dataplane.NewDriver(b, mode, cfg.Family, observe), b: b}
 }
 
 // Ruleset returns the nft script of the table as the last successful Sync
 // left it ("" before the first one): what "nft list table" would show,
 // for debugging endpoints. Not safe for concurrent use with Sync.
 func (d *Dataplane) Ruleset() string {
-	if d.state == nil {
+	if d.b.last == nil {
 		return ""
 	}
-	return rulesetText(d.state, d.cfg.Family)
+	return rulesetText(d.b.last, d.b.cfg.Family)
+}
+
+// backend is the nftables dataplane.Backend and DriftChecker: it renders
+// the table into states and transactions and runs them through the
+// kernel seam.
+type backend struct {
+	cfg Config
+	k   kernel
+
+	// The fields below belong to the Driver's Sync caller.
+	//
+	// p is what Prepare resolved for the sync under way.
+	p params
+	// state is what the kernel holds from our last successful
+	// transaction; nil when unknown (before the first sync, after Forget),
+	// in which case the next full sync lists the table first.
+	state *state
+	// last is the state the last successful sync wrote, kept by Forget:
+	// what Ruleset shows.
+	last *state
+	// gen is a ruleset generation at which the kernel held state; genOK
+	// vouches for it: no commit but ours came between our knowing what
+	// the table held and reading gen (see run and Drifted).
+	gen   uint32
+	genOK bool
+}
+
+var (
+	_ dataplane.Backend      = (*backend)(nil)
+	_ dataplane.DriftChecker = (*backend)(nil)
+)
+
+// Prepare implements dataplane.Backend: the parameters every Service's
+// rules depend on (the settings and, in NodeCIDR mode, the node's pod
+// CIDR).
+func (b *backend) Prepare(_ context.Context, t *proxytable.Table) (string, error) {
+	b.p = newParams(&b.cfg, t.Node)
+	return b.p.fingerprint(), nil
+}
+
+// Full implements dataplane.Backend: one transaction rewriting the whole
+// table. With a known state it is computed from memory (transactions are
+// atomic, and the Driver asked Drifted whether anyone else changed the
+// table); otherwise the table is listed first and its base chains and
+// shared maps are recreated (see fullTransaction).
+func (b *backend) Full(ctx context.Context, t *proxytable.Table) error {
+	next := buildState(t, &b.p)
+	var existing *inventory
+	reset, gen, genOK := false, b.gen, b.genOK
+	if b.state != nil {
+		existing = b.state.inventory()
+	} else {
+		// The generation is read before listing: a commit between the
+		// two makes the next check list again rather than miss it.
+		var err error
+		gen, err = b.k.Gen(ctx)
+		genOK = err == nil
+		if existing, err = b.k.List(ctx); err != nil {
+			return fmt.Errorf("listing the %v table: %w", b.cfg.Family, err)
+		}
+		reset = true
+	}
+	if err := b.run(ctx, fullTransaction(next, existing, reset), false, gen, genOK); err != nil {
+		return err
+	}
+	b.state, b.last = next, next
+	return nil
+}
+
+// Partial implements dataplane.Backend: one transaction rewriting the
+// changed Services' chains, sets and map elements, none when nothing of
+// this family changed.
+func (b *backend) Partial(ctx context.Context, t *proxytable.Table, changed []string) error {
+	ch := computeChange(b.state, t, changed, &b.p)
+	if err := b.run(ctx, partialTransaction(b.state, ch), true, b.gen, b.genOK); err != nil {
+		return err
+	}
+	b.state.apply(ch)
+	return nil
+}
+
+// run runs tx, and on success records the generation it left: trusted
+// (genOK) when it follows gen, the generation at which the kernel was
+// known to hold what tx was computed from, by exactly one commit, ours.
+func (b *backend) run(ctx context.Context, tx *transaction, partial bool, gen uint32, genOK bool) error {
+	if err := b.k.Run(ctx, tx); err != nil {
+		var te *TransactionError
+		if errors.As(err, &te) {
+			te.Partial = partial
+		}
+		return err
+	}
+	if tx.empty() {
+		return nil // nothing sent: the generation is what it was
+	}
+	// A failure here fails nothing: the transaction is in. Not knowing
+	// the generation only makes the next full sync list the table.
+	cur, err := b.k.Gen(ctx)
+	b.gen, b.genOK = cur, err == nil && genOK && cur == nextGen(gen)
+	return nil
+}
+
+// nextGen is the generation after g: nf_tables skips 0 when it wraps.
+func nextGen(g uint32) uint32 {
+	if g+1 == 0 {
+		return 1
+	}
+	return g + 1
+}
+
+// Forget implements dataplane.Backend: the next full sync lists the table.
+func (b *backend) Forget() {
+	b.state, b.genOK = nil, false
+}
+
+// Drifted implements dataplane.DriftChecker. The Driver asks before a
+// full sync whether the table may have changed behind our back (an
+// operator's nft command, a CNI reinstall deleting the table or a chain),
+// which a full sync from memory would trip over: it flushes the chains and
+// maps it believes exist. Rules and elements need no checking, as that
+// full sync flushes and refills them all anyway.
+//
+// First the ruleset generation: when it is still the one vouched for,
+// nothing changed anywhere (one small netlink round trip). Any other
+// commit in the namespace bumps it too (kubelet's and a CNI's iptables-nft
+// rules, firewalld), so a changed generation only says "maybe": then the
+// table's chains and sets are listed (names only) and compared with the
+// state's inventory, and drift is reported only when they differ.
+// Reporting drift on every changed generation would cost the same listing
+// (the full sync would list instead) but recreate the base chains and
+// shared maps for nothing, and make the drift count, a signal of
+// tampering, count every other program's commits.
+func (b *backend) Drifted(ctx context.Context) (bool, error) {
+	if b.state == nil {
+		return false, nil // Full lists the table anyway
+	}
+	gen, err := b.k.Gen(ctx)
+	if err != nil {
+		return false, err
+	}
+	if b.genOK && gen == b.gen {
+		return false, nil
+	}
+	inv, err := b.k.List(ctx)
+	if err != nil {
+		return false, fmt.Errorf("listing the %v table: %w", b.cfg.Family, err)
+	}
+	if !inv.equal(b.state.inventory()) {
+		return true, nil
+	}
+	// The table held state at gen: the listing came after reading it.
+	b.gen, b.genOK = gen, true
+	return false, nil
+}
+
+// equal reports whether inv and o hold the same objects of the same
+// kinds; a nil inventory (no table) equals only another.
+func (inv *inventory) equal(o *inventory) bool {
+	if inv == nil || o == nil {
+		return inv == o
+	}
+	return maps.Equal(inv.chains, o.chains) && maps.Equal(inv.sets, o.sets)
 }

@@ -16,11 +16,14 @@
 //     scripts. All of this is pure: no I/O, no goroutines.
 //   - netlink.go encodes a transaction as one nf_tables batch; kernel.go
 //     sends it over a netlink socket in the configured network namespace
-//     behind the small kernel interface, which the tests fake.
-//   - dataplane.go is the Dataplane: what the kernel holds, full and
-//     partial syncs, and recovery after a failure.
+//     behind the small kernel interface, which the tests fake, and reads
+//     the table's contents and the ruleset generation.
+//   - dataplane.go is the Dataplane, a dataplane.Driver running this
+//     package's dataplane.Backend: what the kernel holds, full and partial
+//     syncs, and the drift check that tells when memory may no longer be
+//     trusted.
 //
 // README.md in this directory explains the ruleset (every chain, why each
 // hook and priority), the measurements behind the layout and the library
-// choice, and where proxyplane differs from kube-proxy.
+// choice, the drift check, and where proxyplane differs from kube-proxy.
 package nftables

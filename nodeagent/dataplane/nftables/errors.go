@@ -4,17 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
-)
 
-// ErrInvalidConfig is wrapped by every Config validation failure.
-var ErrInvalidConfig = errors.New("invalid nftables dataplane config")
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+)
 
 // TransactionError is a transaction the kernel refused. nf_tables applies a
 // batch all or nothing, so none of it took effect: the rules of the last
-// successful Sync stay in force. The next Sync is made full.
+// successful Sync stay in force. The next Sync is made full, from a
+// listing of the table, as a refusal may come of changes made behind the
+// Dataplane's back.
 type TransactionError struct {
 	// Family is the family of the table.
-	Family Family
+	Family dataplane.Family
 	// Op is the first refused operation in nft syntax ("add rule ip
 	// proxyplane ..."), "" when the kernel refused the commit as a whole
 	// (a loop between chains, say).
@@ -61,7 +62,7 @@ func IsTransactionRefused(err error) bool {
 // SocketError is a failure to talk to nf_tables over netlink: opening the
 // network namespace or the socket, sending a batch, or reading the kernel's
 // answer. When Sent is true the batch reached the kernel and its outcome is
-// unknown; the next Sync then lists what the kernel holds before a full
+// unknown. The next Sync lists what the kernel holds before a full
 // rewrite.
 type SocketError struct {
 	// Op says what failed ("opening namespace /run/netns/x", "sending

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -18,9 +19,9 @@ import (
 // ---- Configuration -----------------------------------------------------
 
 // testConfig is the unit tests' configuration of family.
-func testConfig(family Family) Config {
+func testConfig(family dataplane.Family) Config {
 	c := DefaultConfig(family)
-	c.LocalMode = LocalClusterCIDR
+	c.LocalMode = dataplane.LocalClusterCIDR
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{"192.168.100.1", "fd00:100::1"}
 	return c
@@ -29,7 +30,7 @@ func testConfig(family Family) Config {
 // caseConfig is c's configuration: testConfig of its family, changed as
 // the case says.
 func caseConfig(c dptest.Case) Config {
-	cfg, t := testConfig(Family(c.Family)), c.Config
+	cfg, t := testConfig(c.Family), c.Config
 	cfg.LocalMode, cfg.MasqueradeBit = cmp.Or(t.LocalMode, cfg.LocalMode), cmp.Or(t.MasqueradeBit, cfg.MasqueradeBit)
 	cfg.NodePortAddresses, cfg.MasqueradeAll = t.NodePortAddresses, t.MasqueradeAll
 	cfg.NoRandomFully, cfg.ConntrackTCPBeLiberal = t.NoRandomFully, t.ConntrackTCPBeLiberal
@@ -46,6 +47,17 @@ func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 
+// newTestDataplane returns a Dataplane over k, with no Observer.
+func newTestDataplane(cfg Config, k kernel) *Dataplane { return newDataplane(cfg, k, nil) }
+
+// withoutDriftCheck returns a Dataplane over d's backend whose Driver
+// cannot see that the backend is a dataplane.DriftChecker: what the drift
+// tests compare with, to show what the check repairs.
+func withoutDriftCheck(d *Dataplane, observe dataplane.Observer) *Dataplane {
+	hidden := struct{ dataplane.Backend }{d.b}
+	return &Dataplane{Driver: dataplane.NewDriver(hidden, mode, d.b.cfg.Family, observe), b: d.b}
+}
+
 // ---- Fake kernel ----------------------------------------------------------
 
 // fakeKernel implements kernel over a model of the family's table, with
@@ -57,12 +69,17 @@ func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 // commit the jump graph must be loop-free and every statement allowed
 // where its base chains reach it (DNAT on nat prerouting and output,
 // masquerade on nat postrouting, reject on filter input, forward and
-// output).
+// output). Its ruleset generation counts the transactions applied, as
+// the kernel's counts commits.
 type fakeKernel struct {
-	family Family
+	family dataplane.Family
 	table  *fakeTable // nil when the table does not exist
 	runs   []*transaction
 	lists  int
+	gen    uint32
+	gens   int // Gen calls
+	// genErr, when set, is what Gen returns.
+	genErr error
 	// fail, when set, is called before each transaction: an error it
 	// returns is the transaction's result and nothing is applied.
 	fail func(tx *transaction) error
@@ -83,7 +100,7 @@ type fakeSet struct {
 	elems map[elemKey]verdict
 }
 
-func newFakeKernel(f Family) *fakeKernel { return &fakeKernel{family: f} }
+func newFakeKernel(f dataplane.Family) *fakeKernel { return &fakeKernel{family: f} }
 
 func (t *fakeTable) clone() *fakeTable {
 	c := &fakeTable{chains: make(map[string]*fakeChain, len(t.chains)), sets: make(map[string]*fakeSet, len(t.sets))}
@@ -112,6 +129,25 @@ func (k *fakeKernel) List(ctx context.Context) (*inventory, error) {
 		inv.sets[n] = s.def.vmap
 	}
 	return inv, nil
+}
+
+func (k *fakeKernel) Gen(ctx context.Context) (uint32, error) {
+	k.gens++
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if k.genErr != nil {
+		return 0, k.genErr
+	}
+	return k.gen, nil
+}
+
+// commitBehind applies change to the table as another program's commit
+// would (an operator's nft command): the generation changes. change may
+// leave the table nil (deleted).
+func (k *fakeKernel) commitBehind(change func(t **fakeTable)) {
+	change(&k.table)
+	k.gen = nextGen(k.gen)
 }
 
 func (k *fakeKernel) Run(ctx context.Context, tx *transaction) error {
@@ -145,6 +181,9 @@ func (k *fakeKernel) Run(ctx context.Context, tx *transaction) error {
 		}
 	}
 	k.table = cur
+	if !tx.empty() {
+		k.gen = nextGen(k.gen)
+	}
 	return nil
 }
 
@@ -429,7 +468,7 @@ func (k *fakeKernel) dump() string {
 // tracePacket.
 type tracer struct {
 	tb    testing.TB
-	f     Family
+	f     dataplane.Family
 	table *fakeTable
 	// local are the node's addresses (fib type local).
 	local []netip.Addr

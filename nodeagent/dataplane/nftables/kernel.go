@@ -11,6 +11,8 @@ import (
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // kernel is the Dataplane's seam to nf_tables. The netlink implementation
@@ -26,19 +28,25 @@ type kernel interface {
 	// List returns the chains and sets of the family's table, nil when
 	// the table does not exist. Read-only.
 	List(ctx context.Context) (*inventory, error)
+	// Gen returns the ruleset generation of the network namespace
+	// (NFT_MSG_GETGEN): nf_tables bumps it by one at every commit that
+	// changes anything, in any table of any family, whoever sends it, and
+	// never otherwise (packets updating a dynamic set do not). Read-only
+	// and cheap: one small request and answer.
+	Gen(ctx context.Context) (uint32, error)
 }
 
 // netlinkKernel talks to nf_tables over a NETLINK_NETFILTER socket opened
 // in the configured network namespace. The socket is opened on first use
 // and reopened after a socket failure.
 type netlinkKernel struct {
-	family Family
+	family dataplane.Family
 	netns  string
 	fd     int // -1 when closed
 	seq    uint32
 }
 
-func newNetlinkKernel(family Family, netnsPath string) *netlinkKernel {
+func newNetlinkKernel(family dataplane.Family, netnsPath string) *netlinkKernel {
 	return &netlinkKernel{family: family, netns: netnsPath, fd: -1, seq: uint32(time.Now().Unix())}
 }
 
@@ -305,7 +313,7 @@ func (k *netlinkKernel) List(ctx context.Context) (*inventory, error) {
 		return nil, err
 	}
 	fam := byte(unix.NFPROTO_IPV4)
-	if k.family == IPv6 {
+	if k.family == dataplane.IPv6 {
 		fam = unix.NFPROTO_IPV6
 	}
 	e := &encoder{fam: fam, seq: k.seq}
@@ -375,6 +383,37 @@ func (k *netlinkKernel) List(ctx context.Context) (*inventory, error) {
 		return nil, err
 	}
 	return inv, nil
+}
+
+// Gen implements kernel.
+func (k *netlinkKernel) Gen(ctx context.Context) (uint32, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	fd, err := k.socket()
+	if err != nil {
+		return 0, err
+	}
+	e := &encoder{seq: k.seq}
+	start := e.header(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETGEN, unix.NLM_F_REQUEST|unix.NLM_F_ACK, unix.AF_UNSPEC)
+	e.finish(start)
+	k.seq = e.seq
+	var gen uint32
+	found := false
+	err = k.dump(fd, e.b, e.seq-1, func(attrs []attr) {
+		for _, a := range attrs {
+			if a.typ == unix.NFTA_GEN_ID && len(a.data) >= 4 {
+				gen, found = binary.BigEndian.Uint32(a.data), true
+			}
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("getting the ruleset generation: %w", err)
+	}
+	if !found {
+		return 0, &SocketError{Op: "getting the ruleset generation", Err: errors.New("no generation in the kernel's answer")}
+	}
+	return gen, nil
 }
 
 // dump sends a request and passes each answer's attributes to each (nil

@@ -1,21 +1,21 @@
 package nftables
 
 import (
-	"errors"
-	"strings"
-	"syscall"
-
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // The real-kernel tests program namespaces built by nstest. They need
@@ -34,9 +34,9 @@ func requireKernel(t testing.TB) {
 func nsPath(ns string) string { return filepath.Join("/run/netns", ns) }
 
 // listTable returns "nft list table" of family's table in ns.
-func listTable(t testing.TB, tp *nstest.Topology, ns string, f Family) string {
+func listTable(t testing.TB, tp *nstest.Topology, ns string, f dataplane.Family) string {
 	t.Helper()
-	out, err := tp.Exec(ns, "nft", "list", "table", f.nft(), TableName)
+	out, err := tp.Exec(ns, "nft", "list", "table", nftFamily(f), TableName)
 	if err != nil {
 		t.Fatalf("nft list table: %v", err)
 	}
@@ -63,16 +63,16 @@ func TestKernelNetlinkMatchesNFT(t *testing.T) {
 	requireKernel(t)
 	tp := nstest.New(t, nstest.Options{Nodes: 2, Pods: 1})
 	viaNetlink, viaText := tp.Node(0).NS(), tp.Node(1).NS()
-	for _, f := range []Family{IPv4, IPv6} {
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		t.Run(f.String(), func(t *testing.T) {
 			for _, c := range dptest.Cases {
 				cfg := caseConfig(c)
-				if Family(c.Family) != f {
+				if c.Family != f {
 					continue
 				}
 				t.Run(c.Name, func(t *testing.T) {
 					cfg.NetNS = nsPath(viaNetlink)
-					d, err := New(cfg)
+					d, err := New(cfg, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -80,7 +80,7 @@ func TestKernelNetlinkMatchesNFT(t *testing.T) {
 					if err := d.Sync(context.Background(), tbl, nil, true); err != nil {
 						t.Fatalf("Sync: %v", err)
 					}
-					if _, err := tp.Exec(viaText, "nft", "delete", "table", f.nft(), TableName); err != nil {
+					if _, err := tp.Exec(viaText, "nft", "delete", "table", nftFamily(f), TableName); err != nil {
 						t.Logf("no table to delete yet: %v", err)
 					}
 					nftLoad(t, tp, viaText, rulesetText(fullState(tbl, cfg), f))
@@ -95,9 +95,9 @@ func TestKernelNetlinkMatchesNFT(t *testing.T) {
 }
 
 // kernelConfig programs tp's node namespace.
-func kernelConfig(tp *nstest.Topology, family Family) Config {
+func kernelConfig(tp *nstest.Topology, family dataplane.Family) Config {
 	c := DefaultConfig(family)
-	c.LocalMode = LocalClusterCIDR
+	c.LocalMode = dataplane.LocalClusterCIDR
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{tp.NodeIP().String(), tp.NodeIPv6().String()}
 	c.NetNS = nsPath(tp.NodeNS())
@@ -110,7 +110,8 @@ func kernelConfig(tp *nstest.Topology, family Family) Config {
 func TestKernel(t *testing.T) {
 	requireKernel(t)
 	tp := dptest.KernelTopology(t)
-	d, err := New(kernelConfig(tp, IPv4))
+	rec := &dptest.Recorder{}
+	d, err := New(kernelConfig(tp, dataplane.IPv4), rec.Observe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,10 +136,9 @@ func TestKernel(t *testing.T) {
 		web := proto.CloneOf(services["web"])
 		web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.PodEP(tp, 0, 8080)), dptest.Eps("dns", dptest.PodEP(tp, 0, 5353))}
 		services["web"] = web
-		before := d.Stats().PartialSyncs
 		k.Sync(false, dptest.Sorted(services)...)
-		if d.Stats().PartialSyncs != before+1 {
-			t.Fatalf("sync was not partial: %+v", d.Stats())
+		if res := rec.Last(t); res.Full {
+			t.Fatalf("sync was not partial: %+v", res)
 		}
 		// Every dial is a new flow (fresh source port), so conntrack
 		// cannot pin an old choice.
@@ -157,13 +157,12 @@ func TestKernel(t *testing.T) {
 		services["added"] = added
 		delete(services, "empty")
 		delete(services, "sticky")
-		before := d.Stats().PartialSyncs
 		k.Sync(false, dptest.Sorted(services)...)
-		if d.Stats().PartialSyncs != before+1 {
-			t.Fatalf("sync was not partial: %+v", d.Stats())
+		if res := rec.Last(t); res.Full {
+			t.Fatalf("sync was not partial: %+v", res)
 		}
 		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 10, "pod-1")
-		out := listTable(t, tp, node, IPv4)
+		out := listTable(t, tp, node, dataplane.IPv4)
 		if strings.Contains(out, "10.96.0.60") || strings.Contains(out, "ns/sticky") {
 			t.Errorf("removed service's elements, chains or sets survive:\n%s", out)
 		}
@@ -174,9 +173,9 @@ func TestKernel(t *testing.T) {
 		dptest.SpreadOver(t, tp, cl, nstest.HostPort(tp.NodeIP(), 30080), 20, both...)
 	})
 	t.Run("partial syncs leave what a full sync writes", func(t *testing.T) {
-		partial := listTable(t, tp, node, IPv4)
+		partial := listTable(t, tp, node, dataplane.IPv4)
 		k.Sync(true, dptest.Sorted(services)...)
-		full := listTable(t, tp, node, IPv4)
+		full := listTable(t, tp, node, dataplane.IPv4)
 		if normalizeListing(partial) != normalizeListing(full) {
 			t.Errorf("the table after partial syncs differs from a full sync:\n%s", dptest.LineDiff(normalizeListing(full), normalizeListing(partial)))
 		}
@@ -195,14 +194,14 @@ func TestKernel(t *testing.T) {
 			t.Fatalf("service still answers without its element")
 		}
 		// A fresh Dataplane (as after a restart) lists the table first.
-		d2, err := New(kernelConfig(tp, IPv4))
+		d2, err := New(kernelConfig(tp, dataplane.IPv4), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 		k2 := dptest.NewDriver(t, d2)
 		k2.Sync(true, services["web"], services["added"])
 		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 5, "pod-1")
-		out := listTable(t, tp, node, IPv4)
+		out := listTable(t, tp, node, dataplane.IPv4)
 		for _, gone := range []string{"intruder", "30080", "ns/np/"} {
 			if strings.Contains(out, gone) {
 				t.Errorf("full sync left %q:\n%s", gone, out)
@@ -214,7 +213,7 @@ func TestKernel(t *testing.T) {
 	})
 
 	t.Run("IPv6", func(t *testing.T) {
-		d6, err := New(kernelConfig(tp, IPv6))
+		d6, err := New(kernelConfig(tp, dataplane.IPv6), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +235,8 @@ func TestKernelRefusal(t *testing.T) {
 	requireKernel(t)
 	tp := nstest.New(t, nstest.Options{Pods: 1})
 	tp.ServeTCP(0, 8080)
-	d, err := New(kernelConfig(tp, IPv4))
+	rec := &dptest.Recorder{}
+	d, err := New(kernelConfig(tp, dataplane.IPv4), rec.Observe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestKernelRefusal(t *testing.T) {
 	if out, err := tp.Exec(tp.NodeNS(), "nft", "add", "element", "ip", TableName, mapServiceIPs, "{", "10.96.0.11", ".", "tcp", ".", "80", ":", "drop", "}"); err != nil {
 		t.Fatalf("%s: %v", out, err)
 	}
-	before := listTable(t, tp, tp.NodeNS(), IPv4)
+	before := listTable(t, tp, tp.NodeNS(), dataplane.IPv4)
 	bad := dptest.Svc("ns", "bad", "10.96.0.11")
 	bad.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
 	bad.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
@@ -261,13 +261,13 @@ func TestKernelRefusal(t *testing.T) {
 	if te.Key != "ns/bad" || !strings.HasPrefix(te.Op, "add element ip proxyplane service-ips") || !errors.Is(err, syscall.EEXIST) || !te.Partial {
 		t.Errorf("TransactionError %+v, want ns/bad's service-ips element refused with EEXIST", te)
 	}
-	if after := listTable(t, tp, tp.NodeNS(), IPv4); after != before {
+	if after := listTable(t, tp, tp.NodeNS(), dataplane.IPv4); after != before {
 		t.Errorf("a refused transaction changed the table:\n%s", dptest.LineDiff(before, after))
 	}
 	// The retry is full: it flushes the maps and converges.
 	k.Sync(false, good, bad)
-	if st := d.Stats(); st.FullSyncs != 2 || st.Failures != 1 {
-		t.Errorf("stats %+v, want the retry full", st)
+	if rec.Count(true, false) != 2 || rec.Count(false, true) != 1 || len(rec.Results) != 3 {
+		t.Errorf("observed syncs %+v, want the retry full", rec.Results)
 	}
 	if _, err := tp.DialTCP(tp.ClientNS(), "10.96.0.11:80", dptest.DialTimeout); err != nil {
 		t.Errorf("ns/bad after the repair: %v", err)
@@ -280,7 +280,7 @@ func TestKernelRefusal(t *testing.T) {
 func TestKernelLargeTable(t *testing.T) {
 	requireKernel(t)
 	tp := nstest.New(t, nstest.Options{Pods: 1})
-	d, err := New(kernelConfig(tp, IPv4))
+	d, err := New(kernelConfig(tp, dataplane.IPv4), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestKernelLargeTable(t *testing.T) {
 func TestKernelSeamErrors(t *testing.T) {
 	requireKernel(t)
 	tp := nstest.New(t, nstest.Options{Pods: 1})
-	k := newNetlinkKernel(IPv4, nsPath(tp.NodeNS()))
+	k := newNetlinkKernel(dataplane.IPv4, nsPath(tp.NodeNS()))
 	inv, err := k.List(context.Background())
 	if err != nil || inv != nil {
 		t.Fatalf("List of a namespace without the table = %v, %v; want nil, nil", inv, err)
@@ -344,5 +344,164 @@ func TestKernelSeamErrors(t *testing.T) {
 	inv, err = k.List(context.Background())
 	if err != nil || inv == nil || len(inv.chains) != 1 {
 		t.Fatalf("List = %+v, %v; want one chain", inv, err)
+	}
+}
+
+// TestKernelDrift is issue 14 on the real kernel: after a good sync, a
+// table, a service chain, a map element or a base chain's rule is deleted
+// by hand with nft, and the next full sync (what the agent's periodic sync
+// runs) must succeed and make packets flow again, leaving the table as it
+// was. The same tamperings without the drift check show what it repairs:
+// a full sync from memory fails on a missing table or chain (rules and
+// elements it refills anyway), and only the next one repairs.
+func TestKernelDrift(t *testing.T) {
+	requireKernel(t)
+	tp := nstest.New(t, nstest.Options{Pods: 1})
+	tp.ServeTCP(0, 8080)
+	node, cl := tp.NodeNS(), tp.ClientNS()
+	web := dptest.Svc("ns", "web", "10.96.0.10")
+	web.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
+	web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
+	webChain := prefixClusterPolicyChain + portNameBase("ns/web", "tcp", "")
+	webElement := []string{"{", "10.96.0.10", ".", "tcp", ".", "80", "}"}
+	nft := func(t *testing.T, args ...string) {
+		t.Helper()
+		if out, err := tp.Exec(node, "nft", args...); err != nil {
+			t.Fatalf("nft %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	for _, tt := range []struct {
+		name   string
+		tamper func(t *testing.T)
+		trips  bool // a full sync from memory fails on it
+	}{
+		{name: "table", trips: true, tamper: func(t *testing.T) {
+			t.Helper()
+			nft(t, "delete", "table", "ip", TableName)
+		}},
+		{name: "service chain", trips: true, tamper: func(t *testing.T) {
+			t.Helper()
+			// Only an unreferenced chain can go: its element first.
+			nft(t, append([]string{"delete", "element", "ip", TableName, mapServiceIPs}, webElement...)...)
+			nft(t, "flush", "chain", "ip", TableName, webChain)
+			nft(t, "delete", "chain", "ip", TableName, webChain)
+		}},
+		{name: "map element", tamper: func(t *testing.T) {
+			t.Helper()
+			nft(t, append([]string{"delete", "element", "ip", TableName, mapServiceIPs}, webElement...)...)
+		}},
+		{name: "base chain jump", tamper: func(t *testing.T) {
+			t.Helper()
+			out, err := tp.Exec(node, "nft", "-a", "list", "chain", "ip", TableName, chainNATPrerouting)
+			if err != nil {
+				t.Fatalf("nft -a list chain: %v: %s", err, out)
+			}
+			handle := ""
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.Contains(line, "jump "+chainServices) {
+					if _, h, ok := strings.Cut(line, "# handle "); ok {
+						handle = strings.TrimSpace(h)
+					}
+				}
+			}
+			if handle == "" {
+				t.Fatalf("no jump to %s in:\n%s", chainServices, out)
+			}
+			nft(t, "delete", "rule", "ip", TableName, chainNATPrerouting, "handle", handle)
+		}},
+	} {
+		for _, check := range []bool{true, false} {
+			name := tt.name
+			if !check {
+				name += "/without the check"
+			}
+			t.Run(name, func(t *testing.T) {
+				rec := &dptest.Recorder{}
+				d, err := New(kernelConfig(tp, dataplane.IPv4), rec.Observe)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !check {
+					d = withoutDriftCheck(d, rec.Observe)
+				}
+				k := dptest.NewDriver(t, d)
+				k.Sync(true, web)
+				dptest.SpreadOver(t, tp, cl, "10.96.0.10:80", 3, "pod-0")
+				before := listTable(t, tp, node, dataplane.IPv4)
+
+				tt.tamper(t)
+				if _, err := tp.DialTCP(cl, "10.96.0.10:80", dptest.DropTimeout); err == nil {
+					t.Fatalf("the service still answers after the tampering")
+				}
+
+				err = k.TrySync(true, web)
+				switch {
+				case check && err != nil:
+					t.Fatalf("full sync after the tampering: %v", err)
+				case check && rec.Last(t).Drifted != tt.trips:
+					t.Errorf("sync reported Drifted=%v, want %v", rec.Last(t).Drifted, tt.trips)
+				case !check && (err != nil) != tt.trips:
+					t.Fatalf("full sync from memory: %v; want failing %v", err, tt.trips)
+				case err != nil:
+					t.Logf("without the check: %v", err)
+					if !errors.Is(err, syscall.ENOENT) {
+						t.Errorf("error %v, want ENOENT", err)
+					}
+					k.Sync(true, web)
+				}
+				dptest.SpreadOver(t, tp, cl, "10.96.0.10:80", 3, "pod-0")
+				if after := listTable(t, tp, node, dataplane.IPv4); normalizeListing(after) != normalizeListing(before) {
+					t.Errorf("the repaired table differs:\n%s", dptest.LineDiff(normalizeListing(before), normalizeListing(after)))
+				}
+			})
+		}
+	}
+}
+
+// TestKernelGen checks the generation the drift check relies on: it moves
+// by one at each of our commits and at another program's, and not with
+// no commit, even while packets fill an affinity set.
+func TestKernelGen(t *testing.T) {
+	requireKernel(t)
+	tp := nstest.New(t, nstest.Options{Pods: 1})
+	tp.ServeTCP(0, 8080)
+	k := newNetlinkKernel(dataplane.IPv4, nsPath(tp.NodeNS()))
+	gen := func() uint32 {
+		t.Helper()
+		g, err := k.Gen(context.Background())
+		if err != nil {
+			t.Fatalf("Gen: %v", err)
+		}
+		return g
+	}
+	d, err := New(kernelConfig(tp, dataplane.IPv4), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sticky := dptest.Svc("ns", "sticky", "10.96.0.60")
+	sticky.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: 600} // as affinitySet names it
+	sticky.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
+	sticky.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
+	dk := dptest.NewDriver(t, d)
+	dk.Sync(true, sticky)
+
+	g0 := gen()
+	dptest.SpreadOver(t, tp, tp.ClientNS(), "10.96.0.60:80", 3, "pod-0")
+	out, err := tp.Exec(tp.NodeNS(), "nft", "list", "set", "ip", TableName, affinitySet("ns/sticky", "", dptest.PodEP(tp, 0, 8080)))
+	if err != nil || !strings.Contains(string(out), tp.ClientIP().String()) {
+		t.Fatalf("the affinity set did not learn the client: %v\n%s", err, out)
+	}
+	if g := gen(); g != g0 {
+		t.Fatalf("generation went from %d to %d with no commit", g0, g)
+	}
+	dk.Sync(false, sticky, dptest.NodePortService())
+	if g := gen(); g != nextGen(g0) {
+		t.Fatalf("generation %d after our commit, want %d", g, nextGen(g0))
+	}
+	if out, err := tp.Exec(tp.NodeNS(), "nft", "add", "table", "ip", "someone-else"); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if g := gen(); g != nextGen(nextGen(g0)) {
+		t.Fatalf("generation %d after another commit, want %d", g, nextGen(nextGen(g0)))
 	}
 }

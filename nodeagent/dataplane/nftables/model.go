@@ -9,6 +9,8 @@ import (
 
 	nexpr "github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // The ruleset model. Everything the Dataplane writes is described here
@@ -41,16 +43,16 @@ type rule struct {
 // rexpr is one expression of a rule.
 type rexpr interface {
 	// text appends the expression in nft syntax.
-	text(b *strings.Builder, f Family)
+	text(b *strings.Builder, f dataplane.Family)
 	// encode appends the kernel expressions that implement it, exactly
 	// as nft 1.0.6 would generate them from the text.
-	encode(dst []nexpr.Any, f Family) []nexpr.Any
+	encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any
 }
 
 func newRule(exprs ...rexpr) rule { return rule{exprs: exprs} }
 
 // String renders the rule in nft syntax.
-func (r rule) String(f Family) string {
+func (r rule) String(f dataplane.Family) string {
 	var b strings.Builder
 	for i, e := range r.exprs {
 		if i > 0 {
@@ -79,8 +81,8 @@ type addrMatch struct {
 	p   netip.Prefix
 }
 
-func (m addrMatch) text(b *strings.Builder, f Family) {
-	b.WriteString(f.nft())
+func (m addrMatch) text(b *strings.Builder, f dataplane.Family) {
+	b.WriteString(nftFamily(f))
 	if m.src {
 		b.WriteString(" saddr ")
 	} else {
@@ -97,11 +99,11 @@ func (m addrMatch) text(b *strings.Builder, f Family) {
 }
 
 // addrOffset is where the address lies in the network header.
-func addrOffset(f Family, src bool) uint32 {
+func addrOffset(f dataplane.Family, src bool) uint32 {
 	switch {
-	case f == IPv4 && src:
+	case f == dataplane.IPv4 && src:
 		return 12
-	case f == IPv4:
+	case f == dataplane.IPv4:
 		return 16
 	case src:
 		return 8
@@ -109,7 +111,7 @@ func addrOffset(f Family, src bool) uint32 {
 	return 24
 }
 
-func (m addrMatch) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (m addrMatch) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	addr := m.p.Addr().AsSlice()
 	op := nexpr.CmpOpEq
 	if m.neg {
@@ -137,12 +139,12 @@ func (m addrMatch) encode(dst []nexpr.Any, f Family) []nexpr.Any {
 // protoMatch is "meta l4proto tcp".
 type protoMatch struct{ proto uint8 }
 
-func (m protoMatch) text(b *strings.Builder, _ Family) {
+func (m protoMatch) text(b *strings.Builder, _ dataplane.Family) {
 	b.WriteString("meta l4proto ")
 	b.WriteString(protoName(m.proto))
 }
 
-func (m protoMatch) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (m protoMatch) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	return append(dst,
 		&nexpr.Meta{Key: nexpr.MetaKeyL4PROTO, Register: reg1},
 		&nexpr.Cmp{Op: nexpr.CmpOpEq, Register: reg1, Data: []byte{m.proto}})
@@ -154,13 +156,13 @@ type dportMatch struct {
 	port  uint16
 }
 
-func (m dportMatch) text(b *strings.Builder, _ Family) {
+func (m dportMatch) text(b *strings.Builder, _ dataplane.Family) {
 	b.WriteString(protoName(m.proto))
 	b.WriteString(" dport ")
 	b.WriteString(strconv.Itoa(int(m.port)))
 }
 
-func (m dportMatch) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (m dportMatch) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	dst = protoMatch{m.proto}.encode(dst, f)
 	return append(dst,
 		&nexpr.Payload{DestRegister: reg1, Base: nexpr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
@@ -174,7 +176,7 @@ type fibLocal struct{ src bool }
 // rtnLocal is RTN_LOCAL, compared in host byte order as nft does.
 const rtnLocal = 2
 
-func (m fibLocal) text(b *strings.Builder, _ Family) {
+func (m fibLocal) text(b *strings.Builder, _ dataplane.Family) {
 	if m.src {
 		b.WriteString("fib saddr type local")
 	} else {
@@ -182,7 +184,7 @@ func (m fibLocal) text(b *strings.Builder, _ Family) {
 	}
 }
 
-func (m fibLocal) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (m fibLocal) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	return append(dst,
 		&nexpr.Fib{Register: reg1, ResultADDRTYPE: true, FlagSADDR: m.src, FlagDADDR: !m.src},
 		&nexpr.Cmp{Op: nexpr.CmpOpEq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, rtnLocal)})
@@ -198,7 +200,7 @@ const (
 	ctNewBit     = 8
 )
 
-func (m ctState) text(b *strings.Builder, _ Family) {
+func (m ctState) text(b *strings.Builder, _ dataplane.Family) {
 	if m.invalid {
 		b.WriteString("ct state invalid")
 	} else {
@@ -206,7 +208,7 @@ func (m ctState) text(b *strings.Builder, _ Family) {
 	}
 }
 
-func (m ctState) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (m ctState) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	bit := uint32(ctNewBit)
 	if m.invalid {
 		bit = ctInvalidBit
@@ -220,13 +222,13 @@ func (m ctState) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
 // markClear is "mark and 0x4000 == 0".
 type markClear struct{ mark uint32 }
 
-func (m markClear) text(b *strings.Builder, _ Family) {
+func (m markClear) text(b *strings.Builder, _ dataplane.Family) {
 	b.WriteString("mark and ")
 	b.WriteString(hexMark(m.mark))
 	b.WriteString(" == 0")
 }
 
-func (m markClear) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (m markClear) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	return append(dst,
 		&nexpr.Meta{Key: nexpr.MetaKeyMARK, Register: reg1},
 		&nexpr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binary.NativeEndian.AppendUint32(nil, m.mark), Xor: make([]byte, 4)},
@@ -239,7 +241,7 @@ type markSet struct {
 	mark uint32
 }
 
-func (m markSet) text(b *strings.Builder, _ Family) {
+func (m markSet) text(b *strings.Builder, _ dataplane.Family) {
 	if m.xor {
 		b.WriteString("mark set mark xor ")
 	} else {
@@ -248,7 +250,7 @@ func (m markSet) text(b *strings.Builder, _ Family) {
 	b.WriteString(hexMark(m.mark))
 }
 
-func (m markSet) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (m markSet) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	// nft turns both into (mark & mask) ^ xor.
 	mask := ^m.mark
 	if m.xor {
@@ -256,8 +258,10 @@ func (m markSet) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
 	}
 	return append(dst,
 		&nexpr.Meta{Key: nexpr.MetaKeyMARK, Register: reg1},
-		&nexpr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4,
-			Mask: binary.NativeEndian.AppendUint32(nil, mask), Xor: binary.NativeEndian.AppendUint32(nil, m.mark)},
+		&nexpr.Bitwise{
+			SourceRegister: reg1, DestRegister: reg1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, mask), Xor: binary.NativeEndian.AppendUint32(nil, m.mark),
+		},
 		&nexpr.Meta{Key: nexpr.MetaKeyMARK, SourceRegister: true, Register: reg1})
 }
 
@@ -269,8 +273,8 @@ type setMatch struct {
 	set string
 }
 
-func (m setMatch) text(b *strings.Builder, f Family) {
-	b.WriteString(f.nft())
+func (m setMatch) text(b *strings.Builder, f dataplane.Family) {
+	b.WriteString(nftFamily(f))
 	if m.src {
 		b.WriteString(" saddr @")
 	} else {
@@ -279,14 +283,14 @@ func (m setMatch) text(b *strings.Builder, f Family) {
 	b.WriteString(m.set)
 }
 
-func (m setMatch) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (m setMatch) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	return append(dst,
 		&nexpr.Payload{DestRegister: reg1, Base: nexpr.PayloadBaseNetworkHeader, Offset: addrOffset(f, m.src), Len: addrLen(f)},
 		&nexpr.Lookup{SourceRegister: reg1, SetName: m.set})
 }
 
-func addrLen(f Family) uint32 {
-	if f == IPv6 {
+func addrLen(f dataplane.Family) uint32 {
+	if f == dataplane.IPv6 {
 		return 16
 	}
 	return 4
@@ -299,13 +303,13 @@ func addrLen(f Family) uint32 {
 // quadratic in the number of Services.
 type numgenZero struct{ mod uint32 }
 
-func (m numgenZero) text(b *strings.Builder, _ Family) {
+func (m numgenZero) text(b *strings.Builder, _ dataplane.Family) {
 	b.WriteString("numgen random mod ")
 	b.WriteString(strconv.FormatUint(uint64(m.mod), 10))
 	b.WriteString(" == 0")
 }
 
-func (m numgenZero) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (m numgenZero) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	return append(dst,
 		&nexpr.Numgen{Register: reg1, Type: unix.NFT_NG_RANDOM, Modulus: m.mod},
 		&nexpr.Cmp{Op: nexpr.CmpOpEq, Register: reg1, Data: make([]byte, 4)})
@@ -315,15 +319,15 @@ func (m numgenZero) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
 // set, or refresh its timeout.
 type setUpdate struct{ set string }
 
-func (m setUpdate) text(b *strings.Builder, f Family) {
+func (m setUpdate) text(b *strings.Builder, f dataplane.Family) {
 	b.WriteString("update @")
 	b.WriteString(m.set)
 	b.WriteString(" { ")
-	b.WriteString(f.nft())
+	b.WriteString(nftFamily(f))
 	b.WriteString(" saddr }")
 }
 
-func (m setUpdate) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (m setUpdate) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	return append(dst,
 		&nexpr.Payload{DestRegister: reg1, Base: nexpr.PayloadBaseNetworkHeader, Offset: addrOffset(f, true), Len: addrLen(f)},
 		&nexpr.Dynset{SrcRegKey: reg1, SetName: m.set, Operation: unix.NFT_DYNSET_OP_UPDATE})
@@ -336,22 +340,22 @@ type vmapLookup struct {
 	set      string
 }
 
-func (m vmapLookup) text(b *strings.Builder, f Family) {
+func (m vmapLookup) text(b *strings.Builder, f dataplane.Family) {
 	if m.withAddr {
-		b.WriteString(f.nft())
+		b.WriteString(nftFamily(f))
 		b.WriteString(" daddr . ")
 	}
 	b.WriteString("meta l4proto . th dport vmap @")
 	b.WriteString(m.set)
 }
 
-func (m vmapLookup) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (m vmapLookup) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	protoReg, portReg := uint32(reg1), uint32(reg32x01)
 	if m.withAddr {
 		// The address fills NFT_REG_1 (one 32-bit register for IPv4,
 		// four for IPv6); the next fields follow.
 		protoReg, portReg = reg32x01, reg32x02
-		if f == IPv6 {
+		if f == dataplane.IPv6 {
 			protoReg, portReg = reg2, reg32x05
 		}
 		dst = append(dst, &nexpr.Payload{DestRegister: reg1, Base: nexpr.PayloadBaseNetworkHeader, Offset: addrOffset(f, false), Len: addrLen(f)})
@@ -369,14 +373,14 @@ type dnatTo struct {
 	port uint16
 }
 
-func (s dnatTo) text(b *strings.Builder, _ Family) {
+func (s dnatTo) text(b *strings.Builder, _ dataplane.Family) {
 	b.WriteString("dnat to ")
 	b.WriteString(netip.AddrPortFrom(s.addr, s.port).String())
 }
 
-func (s dnatTo) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (s dnatTo) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	fam := uint32(unix.NFPROTO_IPV4)
-	if f == IPv6 {
+	if f == dataplane.IPv6 {
 		fam = unix.NFPROTO_IPV6
 	}
 	return append(dst,
@@ -388,14 +392,14 @@ func (s dnatTo) encode(dst []nexpr.Any, f Family) []nexpr.Any {
 // masquerade is "masquerade fully-random" (or plain).
 type masquerade struct{ fullyRandom bool }
 
-func (s masquerade) text(b *strings.Builder, _ Family) {
+func (s masquerade) text(b *strings.Builder, _ dataplane.Family) {
 	b.WriteString("masquerade")
 	if s.fullyRandom {
 		b.WriteString(" fully-random")
 	}
 }
 
-func (s masquerade) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
+func (s masquerade) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	return append(dst, &nexpr.Masq{FullyRandom: s.fullyRandom})
 }
 
@@ -403,7 +407,7 @@ func (s masquerade) encode(dst []nexpr.Any, _ Family) []nexpr.Any {
 // the latter needs a TCP match before it.
 type reject struct{ tcpReset bool }
 
-func (s reject) text(b *strings.Builder, _ Family) {
+func (s reject) text(b *strings.Builder, _ dataplane.Family) {
 	if s.tcpReset {
 		b.WriteString("reject with tcp reset")
 	} else {
@@ -417,12 +421,12 @@ const (
 	icmpv6PortUnreach = 4
 )
 
-func (s reject) encode(dst []nexpr.Any, f Family) []nexpr.Any {
+func (s reject) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
 	if s.tcpReset {
 		return append(dst, &nexpr.Reject{Type: unix.NFT_REJECT_TCP_RST})
 	}
 	code := uint8(icmpPortUnreach)
-	if f == IPv6 {
+	if f == dataplane.IPv6 {
 		code = icmpv6PortUnreach
 	}
 	return append(dst, &nexpr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code})
@@ -450,7 +454,7 @@ func jump(c string) verdict           { return verdict{kind: verdictJump, chain:
 func goTo(c string) verdict           { return verdict{kind: verdictGoto, chain: c} }
 func verdictOf(k verdictKind) verdict { return verdict{kind: k} }
 
-func (v verdict) text(b *strings.Builder, _ Family) { b.WriteString(v.String()) }
+func (v verdict) text(b *strings.Builder, _ dataplane.Family) { b.WriteString(v.String()) }
 
 // String is the verdict in nft syntax.
 func (v verdict) String() string {
@@ -483,7 +487,9 @@ func (v verdict) nexpr() *nexpr.Verdict {
 	return &nexpr.Verdict{Kind: nexpr.VerdictGoto, Chain: v.chain}
 }
 
-func (v verdict) encode(dst []nexpr.Any, _ Family) []nexpr.Any { return append(dst, v.nexpr()) }
+func (v verdict) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
+	return append(dst, v.nexpr())
+}
 
 // keyKind is the key type of a set or verdict map.
 type keyKind uint8
@@ -551,9 +557,9 @@ func (s *set) elemText(e element) string {
 }
 
 // typeText is the set's "type" line.
-func (s *set) typeText(f Family) string {
+func (s *set) typeText(f dataplane.Family) string {
 	addr := "ipv4_addr"
-	if f == IPv6 {
+	if f == dataplane.IPv6 {
 		addr = "ipv6_addr"
 	}
 	var t string

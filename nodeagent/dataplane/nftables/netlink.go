@@ -6,6 +6,8 @@ import (
 
 	nexpr "github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // Netlink encoding of a transaction: one nf_tables batch, framed by
@@ -64,7 +66,7 @@ const (
 
 // encoder builds a batch.
 type encoder struct {
-	f     Family
+	f     dataplane.Family
 	fam   byte // NFPROTO_IPV4 or NFPROTO_IPV6
 	b     []byte
 	seq   uint32
@@ -80,9 +82,9 @@ type encoder struct {
 }
 
 // encodeBatch encodes tx with sequence numbers from seq on.
-func encodeBatch(tx *transaction, f Family, seq uint32) (*batch, error) {
+func encodeBatch(tx *transaction, f dataplane.Family, seq uint32) (*batch, error) {
 	e := &encoder{f: f, fam: unix.NFPROTO_IPV4, seq: seq}
-	if f == IPv6 {
+	if f == dataplane.IPv6 {
 		e.fam = unix.NFPROTO_IPV6
 	}
 	e.b = make([]byte, 0, 256*len(tx.ops)+64)
@@ -273,9 +275,9 @@ const (
 )
 
 // keyType returns the set key's datatype and length.
-func keyType(f Family, k keyKind) (typ, length uint32) {
+func keyType(f dataplane.Family, k keyKind) (typ, length uint32) {
 	addr, alen := uint32(typeIPv4Addr), uint32(4)
-	if f == IPv6 {
+	if f == dataplane.IPv6 {
 		addr, alen = typeIPv6Addr, 16
 	}
 	switch k {

@@ -4,8 +4,10 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"golang.org/x/sys/unix"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
 // message is one decoded netlink message of a batch.
@@ -36,9 +38,9 @@ func decodeBatch(t *testing.T, buf []byte) []message {
 // consecutive sequence numbers, only the last asking an acknowledgement,
 // END; and the operation of each message known for error reports.
 func TestEncodeBatchFraming(t *testing.T) {
-	st := fullState(dptest.Table(t, dptest.Node(), dptest.ClusterIPTwoEndpoints(), dptest.NodePortService()), testConfig(IPv4))
+	st := fullState(dptest.Table(t, dptest.Node(), dptest.ClusterIPTwoEndpoints(), dptest.NodePortService()), testConfig(dataplane.IPv4))
 	tx := fullTransaction(st, nil, true)
-	b, err := encodeBatch(tx, IPv4, 100)
+	b, err := encodeBatch(tx, dataplane.IPv4, 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +76,12 @@ func TestEncodeElementsSplit(t *testing.T) {
 	s := &set{name: mapServiceIPs, key: keyAddrProtoPort, vmap: true}
 	o := op{kind: opAddElements, set: s}
 	for i := range 5000 {
-		o.elems = append(o.elems, element{key: elemKey{addr: mustAddr(dptest.AddrAt("10.96.0.0", i)), proto: protoTCP, port: 80},
-			verdict: goTo("service-XXXXXXXX-ns/some-rather-long-service-name/tcp/http")})
+		o.elems = append(o.elems, element{
+			key:     elemKey{addr: mustAddr(dptest.AddrAt("10.96.0.0", i)), proto: protoTCP, port: 80},
+			verdict: goTo("service-XXXXXXXX-ns/some-rather-long-service-name/tcp/http"),
+		})
 	}
-	b, err := encodeBatch(&transaction{ops: []op{o}}, IPv4, 1)
+	b, err := encodeBatch(&transaction{ops: []op{o}}, dataplane.IPv4, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

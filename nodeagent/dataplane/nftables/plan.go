@@ -4,6 +4,7 @@ import (
 	"net/netip"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/plan"
 )
 
@@ -72,8 +73,8 @@ func protoName(p uint8) string {
 // planService plans e for family; ok is false when the Service has no
 // cluster IP of the family and so nothing to program. The decisions are
 // plan.Of's; this adds the chains and sets they need.
-func planService(e *pb.ServiceEntry, family Family) (p *svcPlan, ok bool) {
-	s, ok := plan.Of(e, plan.Family(family))
+func planService(e *pb.ServiceEntry, family dataplane.Family) (p *svcPlan, ok bool) {
+	s, ok := plan.Of(e, family)
 	if !ok {
 		return nil, false
 	}
@@ -90,34 +91,17 @@ func (p *svcPlan) planPort(sp *plan.Port) portPlan {
 	base := portNameBase(p.Key, proto, sp.PortName)
 	pp.svcChain, pp.svlChain = prefixClusterPolicyChain+base, prefixLocalPolicyChain+base
 	pp.extChain, pp.fwChain = prefixExternalChain+base, prefixFirewallChain+base
-	pp.internalChain, pp.externalPolicyChain = pp.svcChain, pp.svcChain
-	if p.InternalLocal {
-		pp.internalChain = pp.svlChain
-	}
-	if p.ExternalLocal {
-		pp.externalPolicyChain = pp.svlChain
-	}
-
-	seen := map[string]bool{}
-	mk := func(eps []plan.Endpoint) []epPlan {
-		out := make([]epPlan, 0, len(eps))
-		for _, ep := range eps {
-			ip := ep.Addr.String()
-			e := epPlan{
-				chain: prefixEndpointChain + endpointNameBase(p.Key, proto, sp.PortName, ip, ep.Port),
-				addr:  ep.Addr, port: uint16(ep.Port),
-			}
-			if p.AffinityTimeout > 0 {
-				e.affinitySet = prefixAffinitySet + affinityNameBase(p.Key, proto, sp.PortName, ip, ep.Port, p.AffinityTimeout)
-			}
-			out = append(out, e)
-			if !seen[e.chain] {
-				seen[e.chain] = true
-				pp.allEps = append(pp.allEps, e)
-			}
+	pp.internalChain, pp.externalPolicyChain = plan.PolicyTargets(p.Service, pp.svcChain, pp.svlChain)
+	pp.clusterEps, pp.localEps, pp.allEps = plan.MapEndpoints(sp, func(ep plan.Endpoint) epPlan {
+		ip := ep.Addr.String()
+		e := epPlan{
+			chain: prefixEndpointChain + endpointNameBase(p.Key, proto, sp.PortName, ip, ep.Port),
+			addr:  ep.Addr, port: uint16(ep.Port),
 		}
-		return out
-	}
-	pp.clusterEps, pp.localEps = mk(sp.Cluster), mk(sp.Local)
+		if p.AffinityTimeout > 0 {
+			e.affinitySet = prefixAffinitySet + affinityNameBase(p.Key, proto, sp.PortName, ip, ep.Port, p.AffinityTimeout)
+		}
+		return e
+	})
 	return pp
 }

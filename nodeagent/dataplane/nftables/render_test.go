@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 )
 
@@ -22,12 +23,12 @@ func TestGolden(t *testing.T) {
 		t.Run(c.Name, func(t *testing.T) {
 			cfg := caseConfig(c)
 			tbl := dptest.Table(t, dptest.Node(), c.Services()...)
-			got := rulesetText(fullState(tbl, cfg), Family(c.Family))
+			got := rulesetText(fullState(tbl, cfg), c.Family)
 			dptest.Golden(t, c.Name, got, *update)
 			// The kernel model must accept the full sync: every reference
 			// exists, every statement is allowed where it is reached.
-			k := newFakeKernel(Family(c.Family))
-			d := newDataplane(cfg, k)
+			k := newFakeKernel(c.Family)
+			d := newTestDataplane(cfg, k)
 			if err := d.Sync(context.Background(), tbl, nil, true); err != nil {
 				t.Fatalf("Sync: %v", err)
 			}
@@ -46,12 +47,12 @@ func TestRenderDeterministic(t *testing.T) {
 	for i, s := range all {
 		rev[len(all)-1-i] = s
 	}
-	cfg := testConfig(IPv4)
+	cfg := testConfig(dataplane.IPv4)
 	a, b := fullState(dptest.Table(t, dptest.Node(), all...), cfg), fullState(dptest.Table(t, dptest.Node(), rev...), cfg)
-	if x, y := rulesetText(a, IPv4), rulesetText(b, IPv4); x != y {
+	if x, y := rulesetText(a, dataplane.IPv4), rulesetText(b, dataplane.IPv4); x != y {
 		t.Fatalf("ruleset depends on input order:\n%s", dptest.LineDiff(x, y))
 	}
-	if x, y := fullTransaction(a, nil, true).text(IPv4), fullTransaction(b, nil, true).text(IPv4); x != y {
+	if x, y := fullTransaction(a, nil, true).text(dataplane.IPv4), fullTransaction(b, nil, true).text(dataplane.IPv4); x != y {
 		t.Fatalf("transaction depends on input order:\n%s", dptest.LineDiff(x, y))
 	}
 }
@@ -90,8 +91,8 @@ func TestFamilyFiltering(t *testing.T) {
 	v6only.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "[fd00:244:2::20]:80")}
 	tbl := dptest.Table(t, dptest.Node(), dptest.DualStackService(), v6only)
 
-	v4 := rulesetText(fullState(tbl, testConfig(IPv4)), IPv4)
-	v6 := rulesetText(fullState(tbl, testConfig(IPv6)), IPv6)
+	v4 := rulesetText(fullState(tbl, testConfig(dataplane.IPv4)), dataplane.IPv4)
+	v6 := rulesetText(fullState(tbl, testConfig(dataplane.IPv6)), dataplane.IPv6)
 	for _, s := range []string{"fd00:", "ns/v6only", "ip6 "} {
 		if strings.Contains(v4, s) {
 			t.Errorf("IPv4 ruleset mentions %q:\n%s", s, v4)
@@ -114,7 +115,7 @@ func TestEndpointCascade(t *testing.T) {
 	s := dptest.Svc("ns", "four", "10.96.0.4")
 	s.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
 	s.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80")}
-	st := fullState(dptest.Table(t, dptest.Node(), s), testConfig(IPv4))
+	st := fullState(dptest.Table(t, dptest.Node(), s), testConfig(dataplane.IPv4))
 	var c *chain
 	for _, ch := range st.services["ns/four"].chains {
 		if strings.HasPrefix(ch.name, prefixClusterPolicyChain) {
@@ -134,7 +135,7 @@ func TestEndpointCascade(t *testing.T) {
 		case verdict:
 			probability = 1
 		default:
-			t.Fatalf("unexpected rule %s", r.String(IPv4))
+			t.Fatalf("unexpected rule %s", r.String(dataplane.IPv4))
 		}
 		got = append(got, remaining*probability)
 		remaining *= 1 - probability

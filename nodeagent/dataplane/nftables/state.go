@@ -13,10 +13,9 @@ import (
 // Service owns each element of the shared maps. It is computed without
 // I/O; Sync turns the difference between two states into a transaction.
 type state struct {
-	fingerprint string
-	chains      []*chain // the skeleton's
-	sets        []*set
-	services    map[string]*fragment
+	chains   []*chain // the skeleton's
+	sets     []*set
+	services map[string]*fragment
 	// claims holds, for each element of a shared map or set, the
 	// Services that want it. Two Services may claim the same key (two
 	// Services with the same external IP and port: invalid, but the API
@@ -53,7 +52,7 @@ func (c *claim) clone() *claim {
 
 // buildState computes the ruleset of t for p.
 func buildState(t *proxytable.Table, p *params) *state {
-	st := &state{fingerprint: p.fingerprint(), services: make(map[string]*fragment, len(t.Entries)), claims: map[elemID]*claim{}}
+	st := &state{services: make(map[string]*fragment, len(t.Entries)), claims: map[elemID]*claim{}}
 	st.chains, st.sets = skeleton(p)
 	for _, k := range t.Keys() {
 		if plan, ok := planService(t.Entries[k], p.family); ok {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/dptest"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -22,14 +23,15 @@ type syncer struct {
 	t    *testing.T
 	cfg  Config
 	k    *fakeKernel
+	rec  *dptest.Recorder
 	d    *Dataplane
 	prev *proxytable.Table
 }
 
 func newSyncer(t *testing.T, cfg Config) *syncer {
 	t.Helper()
-	k := newFakeKernel(cfg.Family)
-	return &syncer{t: t, cfg: cfg, k: k, d: newDataplane(cfg, k), prev: proxytable.Empty()}
+	k, rec := newFakeKernel(cfg.Family), &dptest.Recorder{}
+	return &syncer{t: t, cfg: cfg, k: k, rec: rec, d: newDataplane(cfg, k, rec.Observe), prev: proxytable.Empty()}
 }
 
 // sync programs services, fully or as a delta from the previous table,
@@ -74,7 +76,7 @@ func (s *syncer) mustSync(full bool, services ...*pb.Service) string {
 func (s *syncer) assertKernelLikeFullSync() {
 	s.t.Helper()
 	ref := newFakeKernel(s.cfg.Family)
-	if err := newDataplane(s.cfg, ref).Sync(context.Background(), s.prev, nil, true); err != nil {
+	if err := newTestDataplane(s.cfg, ref).Sync(context.Background(), s.prev, nil, true); err != nil {
 		s.t.Fatalf("reference Sync: %v", err)
 	}
 	if got, want := s.k.dump(), ref.dump(); got != want {
@@ -83,7 +85,7 @@ func (s *syncer) assertKernelLikeFullSync() {
 }
 
 func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	others := dptest.ScaleServices(20, 2)
 	web := dptest.ClusterIPTwoEndpoints()
 	s.mustSync(true, append(others, web)...)
@@ -122,14 +124,16 @@ func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
 }
 
 func TestPartialSyncAddAndRemove(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	others := dptest.ScaleServices(5, 2)
 	s.mustSync(true, others...)
 
 	// Add: its chains and elements, nothing of the others.
 	data := s.mustSync(false, append(others, dptest.NodePortService())...)
-	for _, w := range []string{"add element ip proxyplane service-ips { 10.96.0.20 . tcp . 80 : goto service-",
-		"add element ip proxyplane service-nodeports { tcp . 30080 : goto external-", "add element ip proxyplane cluster-ips { 10.96.0.20 }"} {
+	for _, w := range []string{
+		"add element ip proxyplane service-ips { 10.96.0.20 . tcp . 80 : goto service-",
+		"add element ip proxyplane service-nodeports { tcp . 30080 : goto external-", "add element ip proxyplane cluster-ips { 10.96.0.20 }",
+	} {
 		if !strings.Contains(data, w) {
 			t.Errorf("adding a service lacks %q:\n%s", w, data)
 		}
@@ -165,7 +169,7 @@ func TestPartialSyncAddAndRemove(t *testing.T) {
 }
 
 func TestPartialSyncLosingEndpointsRejects(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.ClusterIPTwoEndpoints(), dptest.NodePortService())
 	gone := dptest.ClusterIPTwoEndpoints()
 	gone.Ports[0].HasEndpoints = false
@@ -179,7 +183,7 @@ func TestPartialSyncLosingEndpointsRejects(t *testing.T) {
 }
 
 func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.DualStackService())
 	v6changed := dptest.DualStackService()
 	v6changed.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", "[fd00:244:3::10]:8080")}
@@ -188,7 +192,7 @@ func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if tx != nil && !tx.empty() {
-		t.Errorf("an IPv6-only change made the IPv4 dataplane write:\n%s", tx.text(IPv4))
+		t.Errorf("an IPv6-only change made the IPv4 dataplane write:\n%s", tx.text(dataplane.IPv4))
 	}
 }
 
@@ -196,7 +200,7 @@ func TestPartialSyncOtherFamilyChangeWritesNothing(t *testing.T) {
 // it lists the table and deletes what it does not use, and recreates base
 // chains and shared maps (a table of another version may differ).
 func TestFullSyncReplacesLeftovers(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	leftovers := &transaction{}
 	old := &chain{name: "service-OLDOLDOL-ns/old/tcp/http", rules: []rule{newRule(verdictOf(verdictDrop))}}
 	oldSet := &set{name: "affinity-OLDOLDOL-ns/old/tcp/http__10.0.0.1/80/60s", key: keyAddr, timeout: 60e9}
@@ -209,8 +213,10 @@ func TestFullSyncReplacesLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	data := s.mustSync(true, dptest.ClusterIPTwoEndpoints())
-	for _, w := range []string{"delete chain ip proxyplane " + old.name, "delete set ip proxyplane " + oldSet.name,
-		"delete chain ip proxyplane nat-prerouting", "delete map ip proxyplane service-ips"} {
+	for _, w := range []string{
+		"delete chain ip proxyplane " + old.name, "delete set ip proxyplane " + oldSet.name,
+		"delete chain ip proxyplane nat-prerouting", "delete map ip proxyplane service-ips",
+	} {
 		if !strings.Contains(data, w+"\n") {
 			t.Errorf("first full sync lacks %q:\n%s", w, data)
 		}
@@ -234,7 +240,7 @@ func TestFullSyncReplacesLeftovers(t *testing.T) {
 // TestFullSyncKeepsAffinitySets checks that full syncs neither delete nor
 // flush the affinity sets that stay: clients keep their endpoints.
 func TestFullSyncKeepsAffinitySets(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.AffinityService())
 	set := affinitySet("ns/sticky", "http", dptest.RemoteEP+":8080")
 	s.k.table.sets[set].elems[elemKey{addr: mustAddr(dptest.LocalPod)}] = verdict{} // a client seen
@@ -256,10 +262,7 @@ func TestFullSyncKeepsAffinitySets(t *testing.T) {
 }
 
 func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
-	var failures []bool
-	cfg := testConfig(IPv4)
-	cfg.OnTransactionFailure = func(partial bool) { failures = append(failures, partial) }
-	s := newSyncer(t, cfg)
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	base := dptest.ScaleServices(3, 2)
 	s.mustSync(true, base...)
 	before := s.k.dump()
@@ -267,7 +270,7 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 	s.k.fail = func(tx *transaction) error {
 		for _, o := range tx.ops {
 			if o.owner == "ns/np" && o.kind == opAddRule {
-				return &TransactionError{Family: IPv4, Op: o.text(IPv4), Key: o.owner, Errno: syscall.EINVAL, Refused: 1}
+				return &TransactionError{Family: dataplane.IPv4, Op: o.text(dataplane.IPv4), Key: o.owner, Errno: syscall.EINVAL, Refused: 1}
 			}
 		}
 		return nil
@@ -280,33 +283,35 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 	if !te.Partial || te.Key != "ns/np" || !strings.Contains(err.Error(), "service ns/np") {
 		t.Errorf("TransactionError = %+v (%v), want partial, naming ns/np", te, err)
 	}
-	if st := s.d.Stats(); st.Failures != 1 || st.PartialFailures != 1 || !slices.Equal(failures, []bool{true}) {
-		t.Errorf("failure counters = %+v, callback %v", st, failures)
+	if s.rec.Count(false, true) != 1 || s.rec.Count(true, true) != 0 {
+		t.Errorf("observed syncs %+v, want one failure, partial", s.rec.Results)
 	}
 	if s.k.dump() != before {
 		t.Errorf("a refused transaction changed the kernel")
 	}
 	s.k.fail = nil
 
-	// The next call is partial but runs as full, from what is known
-	// (atomic transactions: no need to list), and converges.
+	// The next call is partial but runs as full and converges. The
+	// Driver forgets the kernel after any failure, so it lists the table
+	// first: a refusal may come of drift (another program's element in
+	// the way), which the state cannot show.
 	tx, err := s.sync(false, base...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tx.ops[0].kind != opAddTable || s.k.lists != 1 {
-		t.Errorf("sync after a failure was not a full one from memory (lists %d):\n%s", s.k.lists, tx.text(IPv4))
+	if tx.ops[0].kind != opAddTable || s.k.lists != 2 {
+		t.Errorf("sync after a failure was not a full one from a listing (lists %d):\n%s", s.k.lists, tx.text(dataplane.IPv4))
 	}
 	s.assertKernelLikeFullSync()
-	if st := s.d.Stats(); st.FullSyncs != 2 || st.PartialSyncs != 0 {
-		t.Errorf("stats = %+v, want 2 full syncs", st)
+	if s.rec.Count(true, false) != 2 || s.rec.Count(false, false) != 0 {
+		t.Errorf("observed syncs %+v, want 2 successful full syncs", s.rec.Results)
 	}
 }
 
 // TestUnknownOutcomeListsAgain checks that after a transaction whose
 // outcome is unknown (the answer was lost) the next sync lists the table.
 func TestUnknownOutcomeListsAgain(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.ClusterIPTwoEndpoints())
 	s.k.fail = func(tx *transaction) error {
 		return &SocketError{Op: "reading the kernel's answer", Sent: true, Err: syscall.ENOBUFS}
@@ -323,8 +328,8 @@ func TestUnknownOutcomeListsAgain(t *testing.T) {
 }
 
 func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
-	cfg := testConfig(IPv4)
-	cfg.LocalMode = LocalNodeCIDR
+	cfg := testConfig(dataplane.IPv4)
+	cfg.LocalMode = dataplane.LocalNodeCIDR
 	s := newSyncer(t, cfg)
 	if _, err := s.syncNode(true, dptest.Node(), dptest.ClusterIPTwoEndpoints()); err != nil {
 		t.Fatal(err)
@@ -336,7 +341,7 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if data := tx.text(IPv4); !strings.Contains(data, "ip saddr != 10.244.9.0/24 jump mark-for-masquerade") || tx.ops[0].kind != opAddTable {
+	if data := tx.text(dataplane.IPv4); !strings.Contains(data, "ip saddr != 10.244.9.0/24 jump mark-for-masquerade") || tx.ops[0].kind != opAddTable {
 		t.Errorf("pod CIDR change did not rewrite everything:\n%s", data)
 	}
 	s.assertKernelLikeFullSync()
@@ -346,7 +351,7 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 // address and port (invalid, but not prevented) never fail a sync: the
 // smaller key wins, and the other takes over when it goes.
 func TestConflictingServices(t *testing.T) {
-	s := newSyncer(t, testConfig(IPv4))
+	s := newSyncer(t, testConfig(dataplane.IPv4))
 	a := dptest.ExternalIPService() // ns/ext, 198.51.100.80:80
 	b := proto.CloneOf(a)
 	b.Name, b.ClusterIps = "ext2", []string{"10.96.0.81"}
@@ -377,7 +382,7 @@ func TestConflictingServices(t *testing.T) {
 // what a full sync of the same table into an empty kernel would.
 func TestPartialSyncsConverge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, family := range []Family{IPv4, IPv6} {
+	for _, family := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
 		t.Run(family.String(), func(t *testing.T) {
 			s := newSyncer(t, testConfig(family))
 			s.mustSync(true)

@@ -28,8 +28,8 @@ func TestFlows(t *testing.T) {
 	for _, tt := range dptest.Flows() {
 		t.Run(tt.Name, func(t *testing.T) {
 			c := dptest.CaseNamed(t, tt.Case)
-			k := newFakeKernel(Family(c.Family))
-			d := newDataplane(caseConfig(c), k)
+			k := newFakeKernel(c.Family)
+			d := newTestDataplane(caseConfig(c), k)
 			if err := d.Sync(context.Background(), dptest.Table(t, dptest.Node(), c.Services()...), nil, true); err != nil {
 				t.Fatalf("Sync: %v", err)
 			}

@@ -3,6 +3,8 @@ package nftables
 import (
 	"strconv"
 	"strings"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // opKind is one kind of transaction operation.
@@ -66,7 +68,7 @@ func (tx *transaction) add(ops ...op) { tx.ops = append(tx.ops, ops...) }
 func (tx *transaction) empty() bool { return len(tx.ops) == 0 }
 
 // text renders tx as an nft script (nft -f) with the same effect.
-func (tx *transaction) text(f Family) string {
+func (tx *transaction) text(f dataplane.Family) string {
 	var b strings.Builder
 	for i := range tx.ops {
 		tx.ops[i].writeText(&b, f)
@@ -76,14 +78,14 @@ func (tx *transaction) text(f Family) string {
 }
 
 // text renders one operation as an nft command.
-func (o *op) text(f Family) string {
+func (o *op) text(f dataplane.Family) string {
 	var b strings.Builder
 	o.writeText(&b, f)
 	return b.String()
 }
 
-func (o *op) writeText(b *strings.Builder, f Family) {
-	table := f.nft() + " " + TableName
+func (o *op) writeText(b *strings.Builder, f dataplane.Family) {
+	table := nftFamily(f) + " " + TableName
 	setWord := func(vmap bool) string {
 		if vmap {
 			return "map"
@@ -138,7 +140,7 @@ func (h *baseHook) text() string {
 }
 
 // declaration is a set's body, one statement a line.
-func (s *set) declaration(f Family) []string {
+func (s *set) declaration(f dataplane.Family) []string {
 	out := []string{"type " + s.typeText(f)}
 	if s.timeout > 0 {
 		out = append(out, "flags dynamic,timeout", "timeout "+strconv.Itoa(int(s.timeout.Seconds()))+"s")
@@ -150,9 +152,9 @@ func (s *set) declaration(f Family) []string {
 // and the goldens hold: sets with their elements, then chains, skeleton
 // first and Services in key order. Loaded with nft -f into a namespace
 // without the table it programs what a full sync programs.
-func rulesetText(st *state, f Family) string {
+func rulesetText(st *state, f dataplane.Family) string {
 	var b strings.Builder
-	b.WriteString("table " + f.nft() + " " + TableName + " {\n")
+	b.WriteString("table " + nftFamily(f) + " " + TableName + " {\n")
 	owned := st.elementsBySet()
 	writeSet := func(s *set, els []element) {
 		word := "set"

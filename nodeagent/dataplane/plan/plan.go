@@ -1,6 +1,5 @@
 // Package plan holds what every dataplane derives alike from the proxy
-// table for one IP family: the Family and LocalMode vocabulary with the
-// settings that use it (Settings), and, per Service, the decisions
+// table for one IP family: per Service, the decisions
 // kube-proxy's syncProxyRules makes for each port (which endpoint sets are
 // in use, whether any endpoint exists, REJECT or DROP, whether external
 // traffic and a firewall need handling). How the decisions become rules,
@@ -13,6 +12,7 @@ import (
 	"net/netip"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 )
 
 // Service is one Service as one family's dataplane sees it: addresses of
@@ -88,7 +88,7 @@ type Endpoint struct {
 // Of plans e for family; ok is false when the Service has no cluster IP
 // of the family and so nothing to program (kube-proxy's per-family
 // proxier never sees such a Service).
-func Of(e *pb.ServiceEntry, family Family) (s *Service, ok bool) {
+func Of(e *pb.ServiceEntry, family dataplane.Family) (s *Service, ok bool) {
 	svc := e.GetService()
 	clusterIPs := family.Addrs(svc.GetClusterIps())
 	if len(clusterIPs) == 0 {
@@ -155,7 +155,7 @@ func (s *Service) port(sp *pb.ServicePort, cluster, local []Endpoint) Port {
 	return p
 }
 
-func endpointsByPort(in []*pb.PortEndpoints, family Family) map[string][]Endpoint {
+func endpointsByPort(in []*pb.PortEndpoints, family dataplane.Family) map[string][]Endpoint {
 	out := make(map[string][]Endpoint, len(in))
 	for _, pe := range in {
 		var eps []Endpoint
@@ -176,4 +176,44 @@ func ServicePortName(key, port string) string {
 		return key
 	}
 	return key + ":" + port
+}
+
+// PolicyTargets returns where a port's internal and external traffic go,
+// given where the Cluster and the Local traffic policies send it: local
+// for a policy that is Local (kube-proxy's internal and external policy
+// chains).
+func PolicyTargets[T any](s *Service, cluster, local T) (internal, external T) {
+	internal, external = cluster, cluster
+	if s.InternalLocal {
+		internal = local
+	}
+	if s.ExternalLocal {
+		external = local
+	}
+	return internal, external
+}
+
+// MapEndpoints returns f of each endpoint of p's Cluster and Local sets,
+// in order, and f of every distinct endpoint once (the Cluster set's,
+// then the Local set's not already in it): a dataplane writes one
+// per-endpoint object for an endpoint both sets hold. f is called once
+// per distinct endpoint.
+func MapEndpoints[E any](p *Port, f func(Endpoint) E) (cluster, local, all []E) {
+	done := make(map[Endpoint]E, len(p.Cluster)+len(p.Local))
+	mapped := func(eps []Endpoint) []E {
+		out := make([]E, 0, len(eps))
+		for _, ep := range eps {
+			e, ok := done[ep]
+			if !ok {
+				e = f(ep)
+				done[ep] = e
+				all = append(all, e)
+			}
+			out = append(out, e)
+		}
+		return out
+	}
+	cluster = mapped(p.Cluster)
+	local = mapped(p.Local)
+	return cluster, local, all
 }

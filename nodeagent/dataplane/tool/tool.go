@@ -1,8 +1,8 @@
 // Package tool runs the command-line tools the iptables and IPVS
 // dataplanes program the kernel with (the iptables family, ipset),
 // optionally behind a command prefix that enters a network namespace, and
-// types their failures. Each dataplane re-exports the error types: they
-// are part of its API.
+// types their failures. Package xtables re-exports the error types with
+// their predicates: they are part of the dataplanes' API.
 package tool
 
 import (
@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -74,6 +76,84 @@ func Failure(cmd *exec.Cmd, err error, stderr string) error {
 		code = ee.ExitCode()
 	}
 	return &CommandError{Args: cmd.Args, ExitCode: code, Stderr: stderr, Err: err}
+}
+
+// RestoreError is a failed restore (iptables-restore, ipset restore): the
+// tool refused the input. How much of the input took effect is the tool's
+// matter (see the dataplane's README).
+type RestoreError struct {
+	// Tool is the command that ran, as "iptables-nft-restore" or
+	// "ipset restore".
+	Tool string
+	// Line is the failing input line the tool reported, 0 when it named
+	// none.
+	Line int
+	// Key is the Service whose rules hold Line, "" when the line belongs
+	// to no single Service or the dataplane does not know.
+	Key string
+	// Rule is the text of Line, when known.
+	Rule string
+	// Stderr is what the tool printed.
+	Stderr string
+	// Err is the process error.
+	Err error
+}
+
+// Error describes the failure: tool, line, Service, rule and stderr.
+func (e *RestoreError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s failed", e.Tool)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, " at line %d", e.Line)
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, " (service %s)", e.Key)
+	}
+	if e.Rule != "" {
+		fmt.Fprintf(&b, " %q", e.Rule)
+	}
+	if s := strings.TrimSpace(e.Stderr); s != "" {
+		fmt.Fprintf(&b, ": %s", FirstLine(s))
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
+}
+
+// Unwrap returns the process error.
+func (e *RestoreError) Unwrap() error { return e.Err }
+
+// RestoreFailure turns err, a restore's failure, into a *RestoreError of
+// name carrying the line lineRE (whose first group is the number) finds
+// in the tool's stderr. Other errors (a missing binary) are returned as
+// they are.
+func RestoreFailure(name string, err error, lineRE *regexp.Regexp) error {
+	var ce *CommandError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	re := &RestoreError{Tool: name, Stderr: ce.Stderr, Err: ce.Err}
+	if m := lineRE.FindStringSubmatch(ce.Stderr); m != nil {
+		re.Line, _ = strconv.Atoi(m[1])
+	}
+	return re
+}
+
+// WithRule completes a *RestoreError in err with the text of the line it
+// blames in input, the restore's input, and returns err.
+func WithRule(err error, input []byte) error {
+	var re *RestoreError
+	if !errors.As(err, &re) || re.Line <= 0 {
+		return err
+	}
+	for i := 1; len(input) > 0; i++ {
+		line, rest, _ := bytes.Cut(input, []byte("\n"))
+		if i == re.Line {
+			re.Rule = string(line)
+			break
+		}
+		input = rest
+	}
+	return err
 }
 
 // FirstLine returns s up to its first newline.

@@ -1,6 +1,7 @@
-package plan
+package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -9,8 +10,8 @@ import (
 )
 
 // Family is an IP family. Every dataplane programs one family: kube-proxy
-// runs one proxier per family, and iptables, nf_tables, ipsets and the
-// rules around IPVS keep the two families apart.
+// runs one proxier per family, and iptables, nf_tables, ipsets, conntrack
+// and the rules around IPVS keep the two families apart.
 type Family int
 
 const (
@@ -69,7 +70,9 @@ func (f Family) Prefixes(ss []string) []netip.Prefix {
 
 // LocalMode says how a dataplane's rules tell traffic from local pods from
 // other traffic, as kube-proxy's --detect-local-mode. What each mode does
-// to the rules is the dataplane's (see its README).
+// to the rules is the dataplane's (see its README): with LocalNone,
+// ClusterIP traffic is not masqueraded (unless MasqueradeAll) and eTP
+// Local Services do not short-circuit pod traffic.
 type LocalMode string
 
 const (
@@ -83,15 +86,55 @@ const (
 	LocalNodeCIDR LocalMode = "NodeCIDR"
 )
 
-// Settings are the Config fields every dataplane has, with the same
-// meaning in each: see the dataplanes' Config for their documentation.
+// DefaultMasqueradeBit is kube-proxy's default: bit 14 (0x4000) of the
+// packet mark. Other components (kubelet's old KUBE-MARK-DROP used bit 15,
+// Calico and Cilium use high bits) avoid it by convention.
+const DefaultMasqueradeBit = 14
+
+// Settings are what every dataplane takes from the agent's configuration,
+// with the same meaning in each. A backend's Config embeds them beside its
+// own fields.
 type Settings struct {
-	Family            Family
-	MasqueradeBit     int
-	LocalMode         LocalMode
-	ClusterCIDRs      []string
+	// Family is the IP family programmed; addresses of the other family in
+	// the table are ignored.
+	Family Family
+	// MasqueradeBit is the packet-mark bit (0-31) that flags traffic for
+	// SNAT. Taken literally: 0 is bit 0.
+	MasqueradeBit int
+	// MasqueradeAll masquerades all ClusterIP traffic, as kube-proxy's
+	// --masquerade-all.
+	MasqueradeAll bool
+	// LocalMode says how pod traffic is recognised; "" means LocalNone.
+	LocalMode LocalMode
+	// ClusterCIDRs are the cluster's pod CIDRs (at most one per family),
+	// used with LocalClusterCIDR.
+	ClusterCIDRs []string
+	// NodePortAddresses limits NodePorts to the node's local addresses in
+	// these CIDRs; empty means every local address but loopback.
 	NodePortAddresses []string
-	NodeIPs           []string
+	// NodeIPs are the node's primary addresses. An address of Family inside
+	// a Service's loadBalancerSourceRanges lets the node itself reach the
+	// load balancer IP, as kube-proxy's nodeIP does. Optional.
+	NodeIPs []string
+	// ConntrackTCPBeLiberal must be set when the node sets
+	// net.netfilter.nf_conntrack_tcp_be_liberal: then INVALID packets need
+	// not be dropped on forwarding (kube-proxy checks the same sysctl).
+	ConntrackTCPBeLiberal bool
+	// NoRandomFully masquerades without fully-random source ports, for
+	// iptables older than 1.6.2 or kernels without
+	// NF_NAT_RANGE_PROTO_RANDOM_FULLY.
+	NoRandomFully bool
+}
+
+// DefaultSettings returns the defaults for family, each with its reason.
+func DefaultSettings(family Family) Settings {
+	return Settings{
+		Family:        family,
+		MasqueradeBit: DefaultMasqueradeBit,
+		// Without a CIDR nothing can be recognised; the agent's options
+		// choose ClusterCIDR or NodeCIDR when they have one.
+		LocalMode: LocalNone,
+	}
 }
 
 var (
@@ -99,10 +142,14 @@ var (
 	loopback6 = netip.MustParsePrefix("::1/128")
 )
 
-// Validate returns what is wrong with s, in field order; the Family
-// itself is the caller's to check.
-func (s Settings) Validate() []error {
+// Validate returns what is wrong with s, in field order, joined; nil when
+// nothing is. A backend's Config.Validate joins these with its own and
+// wraps them in ErrInvalidConfig.
+func (s Settings) Validate() error {
 	var errs []error
+	if s.Family != IPv4 && s.Family != IPv6 {
+		errs = append(errs, fmt.Errorf("family %v: want IPv4 or IPv6", s.Family))
+	}
 	if s.MasqueradeBit < 0 || s.MasqueradeBit > 31 {
 		errs = append(errs, fmt.Errorf("masquerade bit %d: want 0 to 31", s.MasqueradeBit))
 	}
@@ -135,7 +182,7 @@ func (s Settings) Validate() []error {
 			errs = append(errs, fmt.Errorf("nodeIPs: %w", err))
 		}
 	}
-	return errs
+	return errors.Join(errs...)
 }
 
 // ClusterCIDR returns the cluster CIDR of the family. One per family, as

@@ -1,4 +1,4 @@
-package iptables
+package xtables
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 
 // Saver dumps one table of one iptables backend, as iptables-save -t does.
 type Saver interface {
+	// Save returns the dump of table. Safe to call at any time: it only
+	// reads.
 	Save(ctx context.Context, table string) ([]byte, error)
 }
 
@@ -19,8 +21,6 @@ type Saver interface {
 // apply to every packet, so writing to the one the rest of the node
 // (kubelet, the CNI plugin, the host firewall) does not use splits the
 // ruleset in two and makes it unreadable to whoever runs "iptables-save".
-// The IPVS dataplane, which writes a few iptables rules, detects the same
-// way.
 //
 // In order, as kube-proxy's iptables-wrapper plus one rule of our own:
 //  1. the backend holding ours, the caller's own nat chain, from an earlier
@@ -59,7 +59,7 @@ func DetectBackend(ctx context.Context, ours string, nft, legacy Saver) (Backend
 				continue
 			}
 			d.ok = true
-			chains, rules := scanSave(out)
+			chains, rules := ScanSave(out)
 			d.rules += rules
 			for _, c := range chains {
 				switch {
@@ -93,9 +93,9 @@ func DetectBackend(ctx context.Context, ours string, nft, legacy Saver) (Backend
 	return BackendNFT, nil
 }
 
-// scanSave returns the chains declared in an iptables-save dump and its
-// number of rules.
-func scanSave(out []byte) (chains []string, rules int) {
+// ScanSave returns the chains declared in an iptables-save dump, in
+// order, and its number of rules.
+func ScanSave(out []byte) (chains []string, rules int) {
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
