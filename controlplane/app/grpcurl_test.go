@@ -112,14 +112,23 @@ func TestGRPCurl(t *testing.T) {
 		want []string
 	}{
 		{"list", []string{addr, "list"}, []string{"proxyplane.v1.TableService", "grpc.health.v1.Health"}},
-		{"describe", []string{addr, "describe", "proxyplane.v1.TableService"},
-			[]string{"rpc Sync ( stream .proxyplane.v1.SyncRequest )", "rpc WatchTable", "rpc ListNodes", "rpc ListEvents"}},
+		{
+			"describe",
+			[]string{addr, "describe", "proxyplane.v1.TableService"},
+			[]string{"rpc Sync ( stream .proxyplane.v1.SyncRequest )", "rpc WatchTable", "rpc ListNodes", "rpc ListEvents"},
+		},
 		{"health", []string{addr, "grpc.health.v1.Health/Check"}, []string{`"status": "SERVING"`}},
 		{"list nodes", []string{addr, "proxyplane.v1.TableService/ListNodes"}, []string{`"nodeName": "node-1"`, `"known": true`}},
-		{"list events", []string{addr, "proxyplane.v1.TableService/ListEvents"},
-			[]string{`"kind": "Service"`, `"name": "broken"`, `"reason": "InvalidService"`, `"count": 3`, `"firstSeen": "2023-11-14T22:13:20Z"`}},
-		{"watch a table", []string{"-max-time", "2", "-d", `{"node_name": "node-1"}`, addr, "proxyplane.v1.TableService/WatchTable"},
-			[]string{`"key": "default/web"`, `"nodePort": 30080`, `"ip": "10.244.1.5"`}},
+		{
+			"list events",
+			[]string{addr, "proxyplane.v1.TableService/ListEvents"},
+			[]string{`"kind": "Service"`, `"name": "broken"`, `"reason": "InvalidService"`, `"count": 3`, `"firstSeen": "2023-11-14T22:13:20Z"`},
+		},
+		{
+			"watch a table",
+			[]string{"-max-time", "2", "-d", `{"node_name": "node-1"}`, addr, "proxyplane.v1.TableService/WatchTable"},
+			[]string{`"key": "default/web"`, `"nodePort": 30080`, `"ip": "10.244.1.5"`},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -174,8 +174,10 @@ func (o *Options) Validate() error {
 		flag string
 		d    time.Duration
 	}{
-		{"--keepalive-interval", o.KeepaliveInterval}, {"--keepalive-timeout", o.KeepaliveTimeout},
-		{"--write-timeout", o.WriteTimeout}, {"--ack-timeout", o.AckTimeout},
+		{"--keepalive-interval", o.KeepaliveInterval},
+		{"--keepalive-timeout", o.KeepaliveTimeout},
+		{"--write-timeout", o.WriteTimeout},
+		{"--ack-timeout", o.AckTimeout},
 	} {
 		if d.d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", d.flag, d.d))

@@ -48,7 +48,8 @@ func TestTokenCache(t *testing.T) {
 			name:   "a token's expiry ends its cache entry and the token",
 			tokens: func(f *fakeAPI, now time.Time) []string { return []string{agentToken(f, now.Add(30*time.Second))} },
 			steps: []step{
-				{}, {advance: 20 * time.Second},
+				{},
+				{advance: 20 * time.Second},
 				{advance: 11 * time.Second, wantErr: true},
 			},
 			wantReviews: 1, wantLive: 0,
@@ -59,7 +60,8 @@ func TestTokenCache(t *testing.T) {
 				return []string{jwt([]string{DefaultAudience}, now.Add(time.Hour))}
 			},
 			steps: []step{
-				{wantErr: true}, {advance: DefaultNegativeTTL / 2, wantErr: true},
+				{wantErr: true},
+				{advance: DefaultNegativeTTL / 2, wantErr: true},
 				{advance: DefaultNegativeTTL, wantErr: true},
 			},
 			wantReviews: 2, wantLive: -1,

@@ -178,8 +178,10 @@ func (b *blockingReviews) Create(ctx context.Context, tr *authnv1.TokenReview, _
 		return nil, fmt.Errorf("review: %w", ctx.Err())
 	}
 	out := tr.DeepCopy()
-	out.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences,
-		User: authnv1.UserInfo{Username: agentUser, Extra: map[string]authnv1.ExtraValue{NodeNameExtra: {"node-1"}}}}
+	out.Status = authnv1.TokenReviewStatus{
+		Authenticated: true, Audiences: tr.Spec.Audiences,
+		User: authnv1.UserInfo{Username: agentUser, Extra: map[string]authnv1.ExtraValue{NodeNameExtra: {"node-1"}}},
+	}
 	return out, nil
 }
 

@@ -2,6 +2,7 @@ package compute
 
 import (
 	"net/netip"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
@@ -27,6 +28,10 @@ type Node struct {
 // when none exists: an agent may connect before its Node is registered, and
 // gets a table without topology, as kube-proxy does without node labels.
 func BuildNode(name string, obj *corev1.Node) *Node {
+	// Names reach here from Node objects and from decoded hellos, both of
+	// which are valid UTF-8; a name that is not would make the NodeInfo
+	// unencodable, so it is made valid rather than trusted.
+	name = strings.ToValidUTF8(name, "\uFFFD")
 	info := &pb.NodeInfo{Name: name}
 	if obj != nil {
 		if zone := obj.Labels[corev1.LabelTopologyZone]; utf8.ValidString(zone) {

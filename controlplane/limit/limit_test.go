@@ -36,16 +36,31 @@ func TestPeerRate(t *testing.T) {
 		cfg   Config
 		steps []step
 	}{
-		{"burst then refused", Config{PeerRate: 1, PeerBurst: 2},
-			[]step{{0, a, true}, {0, a, true}, {0, a, false}}},
-		{"other addresses keep their own bucket", Config{PeerRate: 1, PeerBurst: 1},
-			[]step{{0, a, true}, {0, a, false}, {0, b, true}}},
-		{"the bucket refills at the rate", Config{PeerRate: 2, PeerBurst: 1},
-			[]step{{0, a, true}, {0, a, false}, {500 * time.Millisecond, a, true}, {0, a, false}}},
-		{"a negative rate turns the limit off", Config{PeerRate: -1, PeerBurst: 1},
-			[]step{{0, a, true}, {0, a, true}, {0, a, true}}},
-		{"the least recently seen address is forgotten past MaxPeers", Config{PeerRate: 1, PeerBurst: 1, MaxPeers: 1},
-			[]step{{0, a, true}, {0, b, true}, {0, a, true}}},
+		{
+			"burst then refused",
+			Config{PeerRate: 1, PeerBurst: 2},
+			[]step{{0, a, true}, {0, a, true}, {0, a, false}},
+		},
+		{
+			"other addresses keep their own bucket",
+			Config{PeerRate: 1, PeerBurst: 1},
+			[]step{{0, a, true}, {0, a, false}, {0, b, true}},
+		},
+		{
+			"the bucket refills at the rate",
+			Config{PeerRate: 2, PeerBurst: 1},
+			[]step{{0, a, true}, {0, a, false}, {500 * time.Millisecond, a, true}, {0, a, false}},
+		},
+		{
+			"a negative rate turns the limit off",
+			Config{PeerRate: -1, PeerBurst: 1},
+			[]step{{0, a, true}, {0, a, true}, {0, a, true}},
+		},
+		{
+			"the least recently seen address is forgotten past MaxPeers",
+			Config{PeerRate: 1, PeerBurst: 1, MaxPeers: 1},
+			[]step{{0, a, true}, {0, b, true}, {0, a, true}},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -15,26 +15,13 @@ import (
 // Service, 400 KB at 10,000. An agent that is current, as every agent is
 // after a control plane restart, needs none of it: its version says it
 // all. So the entry hashes are split off undecoded, and decoded only for
-// an agent whose version this replica does not recognise. The field
-// numbers come from the generated descriptors, not from this file.
-var (
-	requestHelloField = fieldNumber(&pb.SyncRequest{}, "hello")
-	helloEntriesField = fieldNumber(&pb.Hello{}, "entry_hashes")
-)
-
-func fieldNumber(m proto.Message, name string) protowire.Number {
-	f := m.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(name))
-	if f == nil {
-		panic(fmt.Sprintf("server: %s has no field %s", m.ProtoReflect().Descriptor().FullName(), name))
-	}
-	return f.Number()
-}
+// an agent whose version this replica does not recognise.
 
 // decodeRequest decodes an agent's message. For a hello it returns the
 // encoded entry_hashes fields apart (a Hello message holding only them),
 // for lazyEntries to decode when needed.
 func decodeRequest(raw []byte) (*pb.SyncRequest, []byte, error) {
-	others, hellos, err := splitField(raw, requestHelloField)
+	others, hellos, err := splitField(raw, wire.SyncRequestHello)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -55,7 +42,7 @@ func decodeRequest(raw []byte) (*pb.SyncRequest, []byte, error) {
 	if m.GetKind() != nil {
 		return nil, nil, errors.New("a hello and another kind of request in one message")
 	}
-	rest, entries, err := splitField(hello, helloEntriesField)
+	rest, entries, err := splitField(hello, wire.HelloEntryHashes)
 	if err != nil {
 		return nil, nil, err
 	}

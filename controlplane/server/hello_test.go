@@ -19,6 +19,7 @@ import (
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -49,13 +50,17 @@ func TestDecodeRequest(t *testing.T) {
 		wantEntries bool // entry hashes split off, to decode later
 	}{
 		{name: "hello", raw: mustMarshal(t, helloReq), want: helloReq, wantEntries: true},
-		{name: "hello holding nothing", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n"}}}),
-			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n"}}}},
+		{
+			name: "hello holding nothing", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n"}}}),
+			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: "n"}}},
+		},
 		{name: "ack", raw: mustMarshal(t, ack), want: ack},
-		{name: "keepalive", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}),
-			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}},
+		{
+			name: "keepalive", raw: mustMarshal(t, &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}),
+			want: &pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}},
+		},
 		{name: "empty", raw: nil, want: &pb.SyncRequest{}},
-		{name: "hello with its entries apart", raw: protowire.AppendBytes(protowire.AppendTag(nil, requestHelloField, protowire.BytesType),
+		{name: "hello with its entries apart", raw: protowire.AppendBytes(protowire.AppendTag(nil, wire.SyncRequestHello, protowire.BytesType),
 			append(append(mustMarshal(t, &pb.Hello{NodeName: "n", EntryHashes: map[string]uint64{"default/a": 1}}),
 				mustMarshal(t, &pb.Hello{Version: "0123456789abcdef"})...),
 				mustMarshal(t, &pb.Hello{EntryHashes: map[string]uint64{"default/b": 2}})...)), wantEntries: true},
@@ -114,11 +119,11 @@ func TestCurrentAgentsHashesStayEncoded(t *testing.T) {
 	_, conn, _ := newTestServer(t, store, Options{})
 	w := store.Current()
 	current := compute.FormatVersion(w.Version(w.Node("node-1")))
-	badEntries := protowire.AppendTag(nil, helloEntriesField, protowire.BytesType)
+	badEntries := protowire.AppendTag(nil, wire.HelloEntryHashes, protowire.BytesType)
 	badEntries = protowire.AppendBytes(badEntries, []byte{0x11, 0x01}) // a fixed64 cut short
 	hello := func(version string) []byte {
 		h := mustMarshal(t, &pb.Hello{NodeName: "node-1", Version: version, NodeHash: w.Node("node-1").Hash})
-		return protowire.AppendBytes(protowire.AppendTag(nil, requestHelloField, protowire.BytesType), append(h, badEntries...))
+		return protowire.AppendBytes(protowire.AppendTag(nil, wire.SyncRequestHello, protowire.BytesType), append(h, badEntries...))
 	}
 	open := func(raw []byte) grpc.ClientStream {
 		ctx, cancel := context.WithCancel(context.Background())

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -178,9 +179,9 @@ func (s *Server) WatchTable(req *pb.WatchTableRequest, stream grpc.ServerStreami
 	defer out.close()
 	for {
 		if r := cur.Next(); r != nil {
-			field := protowire.Number(1) // WatchTableResponse.snapshot
+			field := wire.WatchTableResponseSnapshot
 			if !r.Snapshot {
-				field = 2 // WatchTableResponse.delta
+				field = wire.WatchTableResponseDelta
 			}
 			if err := out.send(ctx, &frame{head: lengthPrefix(nil, field, r.Body.Len()), body: r.Body}); err != nil {
 				return toStatus(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/metrics"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -161,6 +162,7 @@ type syncSession struct {
 	out         *sender     // for keepalives behind a large table; nil until needed
 	nonce       uint64      // of the last response sent; 0 before the first
 	awaiting    bool        // the response with nonce awaits an answer
+	inflight    uint64      // its version
 	inflightLen int         // its encoded size
 	ackTimer    *time.Timer // runs while a response is in flight
 }
@@ -201,12 +203,11 @@ func (ss *syncSession) sendNext() error {
 	}
 	ss.nonce++
 	ss.awaiting = true
-	head := protowire.AppendTag(nil, 1, protowire.BytesType) // SyncResponse.nonce
+	head := protowire.AppendTag(nil, wire.SyncResponseNonce, protowire.BytesType)
 	head = protowire.AppendString(head, formatNonce(ss.nonce))
-	sent, bytes := metrics.DeltasSent, metrics.DeltaBytesSent
-	field := protowire.Number(3) // SyncResponse.delta
+	sent, bytes, field := metrics.DeltasSent, metrics.DeltaBytesSent, wire.SyncResponseDelta
 	if r.Snapshot {
-		sent, bytes, field = metrics.SnapshotsSent, metrics.SnapshotBytesSent, 2 // SyncResponse.snapshot
+		sent, bytes, field = metrics.SnapshotsSent, metrics.SnapshotBytesSent, wire.SyncResponseSnapshot
 	}
 	f := &frame{head: lengthPrefix(head, field, r.Body.Len()), body: r.Body}
 	// r is in flight from here: the stream's exit decrements for it.
@@ -220,7 +221,7 @@ func (ss *syncSession) sendNext() error {
 		metrics.LagResetsTotal.Inc()
 	}
 	ss.st.sent(r.Version, ss.nonce, f.size())
-	ss.inflightLen = f.size()
+	ss.inflight, ss.inflightLen = r.Version, f.size()
 	ss.ackTimer.Reset(ss.opts.AckTimeout)
 	return nil
 }
@@ -245,7 +246,13 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 		ss.st.acked(v)
 		return nil
 	case *pb.SyncRequest_Nack:
-		v, err := ss.settle(k.Nack.GetVersion(), k.Nack.GetNonce(), ss.cur.Nack)
+		version := k.Nack.GetVersion()
+		if version == "" && ss.awaiting {
+			// An agent that could not decode the response cannot say its
+			// version; the nonce says which response it was.
+			version = compute.FormatVersion(ss.inflight)
+		}
+		v, err := ss.settle(version, k.Nack.GetNonce(), ss.cur.Nack)
 		if err != nil {
 			return err
 		}

@@ -387,3 +387,18 @@ func TestShutdownEndsStreams(t *testing.T) {
 		t.Fatal("GracefulStop still waiting for streams after Shutdown")
 	}
 }
+
+// TestNackWithoutVersion checks that a NACK naming only the nonce (what an
+// agent sends for a response it could not decode) rejects the response in
+// flight, with the agent's reason shown by ListNodes.
+func TestNackWithoutVersion(t *testing.T) {
+	store := cluster(t)
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	r := a.recv()
+	a.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{Nonce: r.GetNonce(), Error: "undecodable response"}}})
+	eventually(t, "ListNodes to show the NACK", func() bool {
+		st := nodeStatus(t, client, "node-1")
+		return st.GetNackedVersion() == r.GetSnapshot().GetVersion() && st.GetNackError() == "undecodable response"
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 )
 
 // Cursor tracks what one agent holds and computes what to send it next.
@@ -257,8 +258,8 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 		own[j] = w.services[keys[i]].EntryFor(node)
 		r.Version += own[j].Hash - zv.hashes[i]
 	}
-	head := appendString(nil, snapVersion, compute.FormatVersion(r.Version))
-	head = appendMessage(head, snapNode, node.Bytes)
+	head := appendString(nil, wire.SnapshotVersion, compute.FormatVersion(r.Version))
+	head = appendMessage(head, wire.SnapshotNode, node.Bytes)
 	body := make(Body, 0, 2+2*len(special))
 	body = append(body, head)
 	from := 0 // start of the zone view not yet referenced
@@ -272,7 +273,7 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 		}
 		svc := w.services[keys[i]]
 		// Consecutive special entries share one buffer.
-		ownBytes = appendEntry(ownBytes, snapEntries, keys[i], own[j], svc.TriggerTime)
+		ownBytes = appendEntry(ownBytes, wire.SnapshotEntries, keys[i], own[j], svc.TriggerTime)
 		r.noteTrigger(svc.TriggerTime)
 		from = zv.offsets[i+1]
 	}
@@ -322,7 +323,7 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 		switch {
 		case svc == nil && had:
 			r.Version -= oldHash
-			removals = appendString(removals, deltaRemovals, k)
+			removals = appendString(removals, wire.DeltaRemovals, k)
 			r.Removals++
 		case svc != nil:
 			e := svc.EntryFor(node)
@@ -330,7 +331,7 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 				continue
 			}
 			r.Version += e.Hash - oldHash // oldHash is 0 when !had
-			upserts = appendEntry(upserts, deltaUpserts, k, e, svc.TriggerTime)
+			upserts = appendEntry(upserts, wire.DeltaUpserts, k, e, svc.TriggerTime)
 			r.Upserts++
 			r.noteTrigger(svc.TriggerTime)
 		}
@@ -340,10 +341,10 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 		return nil
 	}
 	body := make([]byte, 0, len(upserts)+len(removals)+len(node.Bytes)+48)
-	body = appendString(body, deltaBase, compute.FormatVersion(r.Base))
-	body = appendString(body, deltaVersion, compute.FormatVersion(r.Version))
+	body = appendString(body, wire.DeltaBaseVersion, compute.FormatVersion(r.Base))
+	body = appendString(body, wire.DeltaVersion, compute.FormatVersion(r.Version))
 	if nodeChanged {
-		body = appendMessage(body, deltaNode, node.Bytes)
+		body = appendMessage(body, wire.DeltaNode, node.Bytes)
 	}
 	body = append(body, upserts...)
 	r.Body = Body{append(body, removals...)}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 )
 
 // World is one revision of the cluster model. It is immutable once
@@ -151,7 +152,7 @@ func (zv *zoneView) build(w *World, zone string) {
 	for i, k := range keys {
 		svc := w.services[k]
 		zv.offsets[i] = len(zv.body)
-		zv.body = appendEntry(zv.body, snapEntries, k, entries[i], svc.TriggerTime)
+		zv.body = appendEntry(zv.body, wire.SnapshotEntries, k, entries[i], svc.TriggerTime)
 		zv.hashes[i] = entries[i].Hash
 		zv.sum += entries[i].Hash
 		if svc.TriggerTime.After(zv.trigger) {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 )
 
 // naiveSnapshot encodes node's snapshot entry by entry, as if no view were
@@ -16,11 +17,11 @@ func naiveSnapshot(w *World, node *compute.Node) (uint64, []byte) {
 	for _, k := range w.Keys() {
 		version += w.Service(k).EntryFor(node).Hash
 	}
-	b := appendString(nil, snapVersion, compute.FormatVersion(version))
-	b = appendMessage(b, snapNode, node.Bytes)
+	b := appendString(nil, wire.SnapshotVersion, compute.FormatVersion(version))
+	b = appendMessage(b, wire.SnapshotNode, node.Bytes)
 	for _, k := range w.Keys() {
 		svc := w.Service(k)
-		b = appendEntry(b, snapEntries, k, svc.EntryFor(node), svc.TriggerTime)
+		b = appendEntry(b, wire.SnapshotEntries, k, svc.EntryFor(node), svc.TriggerTime)
 	}
 	return version, b
 }
@@ -37,8 +38,10 @@ func TestSnapshotSplicesZoneViews(t *testing.T) {
 	// n6 has no Node object; "c" is named by no hint.
 	var svcs []*compute.Service
 	for i := range 60 {
-		spec := svcSpec{name: fmt.Sprintf("svc%02d", i), clusterIP: fmt.Sprintf("10.96.0.%d", i+1),
-			trigger: fmt.Sprintf("2026-11-24T10:%02d:00Z", i)}
+		spec := svcSpec{
+			name: fmt.Sprintf("svc%02d", i), clusterIP: fmt.Sprintf("10.96.0.%d", i+1),
+			trigger: fmt.Sprintf("2026-11-24T10:%02d:00Z", i),
+		}
 		kind := i % 5
 		if kind == 3 {
 			spec.local = true

@@ -332,8 +332,10 @@ func TestWatcherInvalidObjects(t *testing.T) {
 
 func TestTrimKeepsOnlyWhatTablesUse(t *testing.T) {
 	n := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{corev1.LabelTopologyZone: "z", "big": "label"},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "n", Labels: map[string]string{corev1.LabelTopologyZone: "z", "big": "label"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
+		},
 		Spec:   corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"x"}}}},
 	}

@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"errors"
-
 	"testing"
 	"time"
 

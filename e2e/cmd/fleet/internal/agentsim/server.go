@@ -135,8 +135,10 @@ func (f *fleet) report(since int64, bitmaps, versions bool) contract.AgentsRepor
 	}
 	f.mu.Unlock()
 	s := f.interner.Stats()
-	r.Tables = contract.TableStats{Built: s.TablesBuilt, Shared: s.TablesShared, BucketsBuilt: s.BucketsBuilt,
-		BucketsShared: s.BucketsShared, Live: s.LiveTables, LiveBuckets: s.LiveBuckets}
+	r.Tables = contract.TableStats{
+		Built: s.TablesBuilt, Shared: s.TablesShared, BucketsBuilt: s.BucketsBuilt,
+		BucketsShared: s.BucketsShared, Live: s.LiveTables, LiveBuckets: s.LiveBuckets,
+	}
 	r.Changes = f.tracker.report(since, bitmaps)
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

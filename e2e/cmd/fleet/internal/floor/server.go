@@ -312,8 +312,10 @@ func (s *server) report() ServerReport {
 	rec := s.run
 	s.mu.Unlock()
 	if rec != nil {
-		rr := &RunReport{Rounds: rec.rounds, Expected: rec.expected, Late: int(rec.late.Load()),
-			Replies: make([]int, rec.rounds), Last: make([]int64, rec.rounds)}
+		rr := &RunReport{
+			Rounds: rec.rounds, Expected: rec.expected, Late: int(rec.late.Load()),
+			Replies: make([]int, rec.rounds), Last: make([]int64, rec.rounds),
+		}
 		for i := range rec.rounds {
 			rr.Replies[i] = int(rec.replies[i].Load())
 			if l := rec.last[i].Load(); l != 0 {

@@ -68,8 +68,10 @@ func (p *peer) startAll(ctx context.Context) {
 }
 
 func (p *peer) report() contract.PeerReport {
-	r := contract.PeerReport{Sets: len(p.sets), Started: p.started.Load(),
-		WireBytes: p.wire.Load(), BodyBytes: p.body.Load(), Events: p.events.Load()}
+	r := contract.PeerReport{
+		Sets: len(p.sets), Started: p.started.Load(),
+		WireBytes: p.wire.Load(), BodyBytes: p.body.Load(), Events: p.events.Load(),
+	}
 	for i, s := range p.sets {
 		if t := s.synced.Load(); t != 0 {
 			r.Synced++

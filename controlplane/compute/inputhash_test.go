@@ -1,0 +1,233 @@
+package compute
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// inputHash lists what it hashes by hand. A field it misses makes Equal
+// report a changed Service as unchanged, so the change is never published.
+// The tables below hold every field of the structs that views are computed
+// from, either with a change that inputHash must notice or with the reason
+// it need not; the tests fail on a field in neither.
+
+// hashedInputs changes, in a build of inputHashService, one field that
+// inputHash covers.
+var hashedInputs = map[reflect.Type]map[string]func(*Service){
+	reflect.TypeFor[Service](): {
+		"base": func(s *Service) {
+			b := proto.CloneOf(s.base)
+			b.HealthCheckNodePort++
+			s.base = b
+		},
+		"ports": func(s *Service) { s.ports = append(slices.Clip(s.ports), servicePort{name: "extra"}) },
+	},
+	reflect.TypeFor[servicePort](): {
+		"name":        func(s *Service) { s.ports[0].name += "x" },
+		"usesCluster": func(s *Service) { s.ports[0].usesCluster = !s.ports[0].usesCluster },
+		"usesLocal":   func(s *Service) { s.ports[0].usesLocal = !s.ports[0].usesLocal },
+		"endpoints": func(s *Service) {
+			p := &s.ports[0]
+			extra := p.endpoints[0]
+			extra.addr = extra.addr.Next()
+			p.endpoints = append(slices.Clip(p.endpoints), extra)
+		},
+	},
+	reflect.TypeFor[endpoint](): {
+		"addr":        func(s *Service) { e := testEndpoint(s); e.addr = e.addr.Next() },
+		"port":        func(s *Service) { testEndpoint(s).port++ },
+		"ready":       func(s *Service) { e := testEndpoint(s); e.ready = !e.ready },
+		"serving":     func(s *Service) { e := testEndpoint(s); e.serving = !e.serving },
+		"terminating": func(s *Service) { e := testEndpoint(s); e.terminating = !e.terminating },
+		"nodeName":    func(s *Service) { testEndpoint(s).nodeName += "x" },
+		"zoneHints":   func(s *Service) { e := testEndpoint(s); e.zoneHints = append(slices.Clip(e.zoneHints), "zone-b") },
+		"nodeHints":   func(s *Service) { e := testEndpoint(s); e.nodeHints = append(slices.Clip(e.nodeHints), "node-b") },
+	},
+}
+
+// unhashedInputs says why inputHash leaves a field out.
+var unhashedInputs = map[reflect.Type]map[string]string{
+	reflect.TypeFor[Service](): {
+		"Key":         "Equal compares it itself",
+		"TriggerTime": "it feeds a latency metric only: no entry hash or version depends on it, and a change of it alone is not worth a publish (TestEqual)",
+		"hintedNodes": "derived from ports by index",
+		"hintedZones": "derived from ports by index",
+		"localNodes":  "derived from ports by index",
+		"zones":       "derived from base and ports by index",
+		"mu":          "guards the memos",
+		"shared":      "memo of views derived from base and ports",
+		"local":       "memo of views derived from base and ports",
+	},
+	reflect.TypeFor[servicePort](): {
+		"families":             "derived from endpoints by classify",
+		"hasEndpointsAnywhere": "derived from endpoints by classify",
+	},
+}
+
+// protoSources names, for each field of the messages a view is built of
+// besides base, the input field it is computed from. Service fields not
+// named here are copied from base.
+var protoSources = map[protoreflect.FullName]inputField{
+	"proxyplane.v1.Service.cluster_endpoints": {reflect.TypeFor[servicePort](), "endpoints"},
+	"proxyplane.v1.Service.local_endpoints":   {reflect.TypeFor[servicePort](), "endpoints"},
+	"proxyplane.v1.PortEndpoints.port_name":   {reflect.TypeFor[servicePort](), "name"},
+	"proxyplane.v1.PortEndpoints.endpoints":   {reflect.TypeFor[servicePort](), "endpoints"},
+	"proxyplane.v1.Endpoint.ip":               {reflect.TypeFor[endpoint](), "addr"},
+	"proxyplane.v1.Endpoint.port":             {reflect.TypeFor[endpoint](), "port"},
+	"proxyplane.v1.Endpoint.ready":            {reflect.TypeFor[endpoint](), "ready"},
+	"proxyplane.v1.Endpoint.serving":          {reflect.TypeFor[endpoint](), "serving"},
+	"proxyplane.v1.Endpoint.terminating":      {reflect.TypeFor[endpoint](), "terminating"},
+}
+
+// inputField is one field of an input struct.
+type inputField struct {
+	typ   reflect.Type
+	field string
+}
+
+// inputHashService builds a Service whose one port has one endpoint with
+// every field set.
+func inputHashService(t *testing.T) *Service {
+	t.Helper()
+	s := mustBuild(t, newService(), httpSlice("web-a",
+		ep("10.0.0.1", onNode("node-a"), forZones("zone-a"), forNodes("node-a"))))
+	if len(s.ports) != 1 || len(s.ports[0].endpoints) != 1 {
+		t.Fatalf("want one port with one endpoint, got %+v", s.ports)
+	}
+	return s
+}
+
+// testEndpoint is the endpoint of inputHashService.
+func testEndpoint(s *Service) *endpoint { return &s.ports[0].endpoints[0] }
+
+// TestInputHashCoversEveryField walks the input structs from Service
+// through every hashed field and checks that each field is either hashed,
+// and inputHash notices a change of it, or left out for a stated reason.
+func TestInputHashCoversEveryField(t *testing.T) {
+	seen := map[reflect.Type]bool{}
+	queue := []reflect.Type{reflect.TypeFor[Service]()}
+	for len(queue) > 0 {
+		typ := queue[0]
+		queue = queue[1:]
+		if seen[typ] {
+			continue
+		}
+		seen[typ] = true
+		hashed, unhashed := hashedInputs[typ], unhashedInputs[typ]
+		for f := range typ.Fields() {
+			mutate, isHashed := hashed[f.Name]
+			_, isUnhashed := unhashed[f.Name]
+			switch {
+			case isHashed && isUnhashed:
+				t.Errorf("%s.%s is both hashed and not", typ.Name(), f.Name)
+			case !isHashed && !isUnhashed:
+				t.Errorf("%s.%s is an input of the views that inputHash does not cover: hash it and add it to hashedInputs, or say in unhashedInputs why it need not be", typ.Name(), f.Name)
+			case isHashed:
+				s := inputHashService(t)
+				before := s.inputHash()
+				mutate(s)
+				if s.inputHash() == before {
+					t.Errorf("changing %s.%s leaves inputHash unchanged", typ.Name(), f.Name)
+				}
+				if inner := structOf(f.Type); inner != nil {
+					queue = append(queue, inner)
+				}
+			}
+		}
+	}
+	for _, table := range []map[reflect.Type][]string{keysOf(hashedInputs), keysOf(unhashedInputs)} {
+		for typ, names := range table {
+			if !seen[typ] {
+				t.Errorf("%s is listed but no hashed field holds it", typ.Name())
+			}
+			for _, n := range names {
+				if _, ok := typ.FieldByName(n); !ok {
+					t.Errorf("%s has no field %s", typ.Name(), n)
+				}
+			}
+		}
+	}
+}
+
+// TestInputHashCoversMessages walks the descriptors of the messages that
+// views are built of and checks that each field comes from a hashed input,
+// so that a field added to the proto, and to a view, is hashed too.
+func TestInputHashCoversMessages(t *testing.T) {
+	for _, m := range []protoreflect.MessageDescriptor{
+		(&pb.Service{}).ProtoReflect().Descriptor(),
+		(&pb.PortEndpoints{}).ProtoReflect().Descriptor(),
+		(&pb.Endpoint{}).ProtoReflect().Descriptor(),
+	} {
+		for i := range m.Fields().Len() {
+			fd := m.Fields().Get(i)
+			src, ok := protoSources[fd.FullName()]
+			if !ok {
+				if m.FullName() != "proxyplane.v1.Service" {
+					t.Errorf("%s: no input named in protoSources", fd.FullName())
+				}
+				continue
+			}
+			if hashedInputs[src.typ][src.field] == nil {
+				t.Errorf("%s comes from %s.%s, which inputHash does not cover", fd.FullName(), src.typ.Name(), src.field)
+			}
+		}
+	}
+	for name := range protoSources {
+		parent := name.Parent()
+		found := false
+		for _, m := range []proto.Message{&pb.Service{}, &pb.PortEndpoints{}, &pb.Endpoint{}} {
+			d := m.ProtoReflect().Descriptor()
+			found = found || (d.FullName() == parent && d.Fields().ByName(name.Name()) != nil)
+		}
+		if !found {
+			t.Errorf("protoSources names %s, which does not exist", name)
+		}
+	}
+}
+
+// TestEndpointProtoSources checks that each Endpoint field changes with the
+// input protoSources says it comes from.
+func TestEndpointProtoSources(t *testing.T) {
+	fields := (&pb.Endpoint{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		src := protoSources[fd.FullName()]
+		mutate := hashedInputs[src.typ][src.field]
+		if mutate == nil {
+			continue // TestInputHashCoversMessages reports it
+		}
+		s := inputHashService(t)
+		before := testEndpoint(s).proto().ProtoReflect().Get(fd)
+		mutate(s)
+		if after := testEndpoint(s).proto().ProtoReflect().Get(fd); after.Equal(before) {
+			t.Errorf("changing endpoint.%s leaves %s at %v", src.field, fd.FullName(), after)
+		}
+	}
+}
+
+// structOf is the struct of package compute that t holds, if any.
+func structOf(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+		t = t.Elem()
+	}
+	if t.Kind() == reflect.Struct && t.PkgPath() == reflect.TypeFor[Service]().PkgPath() {
+		return t
+	}
+	return nil
+}
+
+func keysOf[V any](m map[reflect.Type]map[string]V) map[reflect.Type][]string {
+	out := map[reflect.Type][]string{}
+	for typ, fields := range m {
+		for n := range fields {
+			out[typ] = append(out[typ], n)
+		}
+	}
+	return out
+}
