@@ -15,7 +15,7 @@ TOOLS := github.com/bufbuild/buf/cmd/buf \
 GO_PACKAGES := ./...
 BENCH_COUNT ?= 6
 
-.PHONY: all tools generate check-generated buf-lint buf-breaking lint vet test unit bench bench-kernel build run clean
+.PHONY: all tools generate check-generated buf-lint buf-breaking lint vet test os-deps unit fuzz fuzz-short bench bench-kernel build run clean
 
 all: build
 
@@ -58,13 +58,39 @@ lint: tools
 	golangci-lint run $(GO_PACKAGES)
 	cd e2e && go vet ./... && golangci-lint run ./...
 
+# os-deps installs the OS packages the kernel tests need (as root, with
+# apt), or names the missing ones; without root those tests skip, saying so.
+os-deps:
+	-hack/install-os-deps.sh
+
 # unit needs the tools: the grpcurl test runs the real grpcurl.
-unit: tools
+unit: tools os-deps
 	go test -race -count=1 $(GO_PACKAGES)
 
-# test is everything: static checks, the unit and kernel tests, then the
-# end-to-end tests on a real API server (e2e, below).
-test: check-generated buf-lint buf-breaking vet lint unit e2e
+# test is everything: static checks, the unit and kernel tests, a short
+# run of every fuzz target, then the end-to-end tests on a real API server
+# (e2e, below).
+test: check-generated buf-lint buf-breaking vet lint unit fuzz-short e2e
+
+# FUZZ_TARGETS are the native fuzz targets at the trust boundaries, as
+# package:Target. go test fuzzes one target per run, hence the loop. The
+# seed corpora also run with every `go test`; fuzz-short fuzzes each for
+# FUZZ_SHORT, fuzz for FUZZ_TIME (new failures land in the package's
+# testdata/fuzz, to commit with the fix).
+FUZZ_TARGETS := ./nodeagent/proxytable:FuzzResponse \
+	./controlplane/server:FuzzDecodeRequest \
+	./controlplane/compute:FuzzBuild \
+	./nodeagent/cache:FuzzOpenFile \
+	./nodeagent/cache:FuzzStoredValues
+FUZZ_SHORT ?= 10s
+FUZZ_TIME ?= 5m
+fuzz-short:
+	@$(MAKE) --no-print-directory fuzz FUZZ_TIME=$(FUZZ_SHORT)
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzzing $${t#*:} in $${t%%:*} for $(FUZZ_TIME)"; \
+		go test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}"; \
+	done
 
 # bench runs the control plane benchmarks; docs/benchmarks.md records them.
 # The Scale ones (10,000 Services) run apart: their memory figures need one

@@ -7,7 +7,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -48,16 +47,20 @@ type Agent struct {
 	log     *slog.Logger
 	health  *Health
 	reqs    chan request
-	held    atomic.Pointer[proxytable.Table] // the table in force, for hellos
+	inForce atomic.Pointer[proxytable.Table] // the table programmed last, for hellos
 	started chan struct{}                    // closed once the cache was programmed (or tried)
+
+	// saved, owned by the Run goroutine, is the table in the cache: the
+	// base deltas apply to and what full syncs program. From the start it
+	// is the cached table, in force only once a sync programmed it.
+	saved *proxytable.Table
 
 	// needFull, owned by the Run goroutine, makes the next sync full: after
 	// a failed sync the kernel may hold part of the rejected table (one
 	// family programmed, the other not), which only a full sync repairs.
 	needFull bool
 	// reported, owned by the Run goroutine, is the version last exported
-	// as applied_version_info: the cached table is held from the start but
-	// applied only by the first sync, so held versions cannot tell.
+	// as applied_version_info.
 	reported string
 }
 
@@ -73,7 +76,8 @@ func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Tab
 	if cached == nil {
 		cached = proxytable.Empty()
 	}
-	a.held.Store(cached)
+	a.saved = cached
+	a.inForce.Store(proxytable.Empty())
 	return a
 }
 
@@ -84,9 +88,12 @@ func (a *Agent) Health() *Health { return a.health }
 // once when there is none), so that a control plane is contacted after it.
 func (a *Agent) Started() <-chan struct{} { return a.started }
 
-// Held returns the table in force: programmed, persisted, and what the
-// agent tells a control plane it holds. Safe for concurrent use.
-func (a *Agent) Held() *proxytable.Table { return a.held.Load() }
+// Held returns the table in force: persisted and programmed, and what the
+// agent tells a control plane it holds. It is empty until a sync succeeded:
+// a cached table the kernel refused is not claimed, so that a control
+// plane sends the whole table rather than a delta to rules that are not
+// there. Safe for concurrent use.
+func (a *Agent) Held() *proxytable.Table { return a.inForce.Load() }
 
 // Apply validates, persists and programs a Snapshot or Delta response and
 // returns the version now in force. On error nothing changed: the caller
@@ -119,8 +126,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		wait := a.cfg.SyncPeriod
 		// With no table at all (no cache) the kernel is left alone rather
 		// than flushed of rules nothing can replace.
-		if held := a.Held(); held.Version != "" {
-			if err := a.sync(ctx, held, nil, true); err != nil {
+		if a.saved.Version != "" {
+			if err := a.sync(ctx, a.saved, nil, true); err != nil {
 				a.log.Error("full sync failed; previous rules stay in force", "err", err, "retryIn", retry)
 				wait, retry = retry, min(2*retry, a.cfg.RetryMax)
 			} else {
@@ -145,7 +152,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 // apply is Apply's work, on the Run goroutine.
 func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
-	cur := a.Held()
+	cur := a.saved
 	var next *proxytable.Table
 	var changed []string
 	var err error
@@ -195,7 +202,8 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 		metrics.SyncPartialProxyRulesDuration.Observe(took)
 	}
 	metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
-	a.held.Store(t)
+	a.saved = t
+	a.inForce.Store(t)
 	if a.reported != t.Version {
 		metrics.AppliedVersion.Reset()
 		metrics.AppliedVersion.WithLabelValues(t.Version).Set(1)
@@ -218,18 +226,4 @@ func observeTriggerTimes(entries []*pb.ServiceEntry) {
 			metrics.NetworkProgrammingDuration.Observe(now.Sub(ts.AsTime()).Seconds())
 		}
 	}
-}
-
-// NackDetail splits an Apply error into the NACK's message and entry
-// errors.
-func NackDetail(err error) (string, []*pb.EntryError) {
-	var ve *proxytable.ValidationError
-	if !errors.As(err, &ve) {
-		return err.Error(), nil
-	}
-	out := make([]*pb.EntryError, 0, len(ve.Entries))
-	for _, e := range ve.Entries {
-		out = append(out, &pb.EntryError{Key: e.Key, Error: e.Err.Error()})
-	}
-	return err.Error(), out
 }

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"log/slog"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
@@ -182,9 +183,8 @@ func TestRejectedTablesChangeNothing(t *testing.T) {
 			if err == nil {
 				t.Fatal("accepted a table it must reject")
 			}
-			msg, entries := NackDetail(err)
-			if msg == "" || (tc.entryErr != "" && (len(entries) != 1 || entries[0].GetKey() != tc.entryErr)) {
-				t.Errorf("nack detail %q %v, want an entry error for %q", msg, entries, tc.entryErr)
+			if entries := proxytable.EntryErrors(err); tc.entryErr != "" && (len(entries) != 1 || entries[0].GetKey() != tc.entryErr) {
+				t.Errorf("entry errors %v, want one for %q", entries, tc.entryErr)
 			}
 			if a.Held().Version != good.GetSnapshot().GetVersion() {
 				t.Errorf("held %s after a rejected table, want the previous %s", a.Held().Version, good.GetSnapshot().GetVersion())
@@ -260,5 +260,44 @@ func TestSyncAfterAFailureIsFull(t *testing.T) {
 	calls := r.log()
 	if want := "sync " + version(node, a1, b3) + " full=true changed=[default/b]"; calls[len(calls)-1] != want {
 		t.Errorf("last call %q, want %q: the kernel may hold part of the failed table", calls[len(calls)-1], want)
+	}
+}
+
+// TestUnprogrammedCacheIsNotClaimed checks that a cached table the kernel
+// refused is not reported as held (the hello would make the control plane
+// send a delta to rules that are not there), and is once a retry
+// programmed it.
+func TestUnprogrammedCacheIsNotClaimed(t *testing.T) {
+	r := newRecorder()
+	r.failSyncs(errors.New("xtables lock held"))
+	cached, err := proxytable.FromSnapshot(snapshot(entry("a", 1, 80)).GetSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(r, cached)
+	run(t, a)
+	select {
+	case <-a.Started():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Started never closed")
+	}
+	if v := a.Held().Version; v != "" {
+		t.Fatalf("held %q while the cached table is not programmed, want none", v)
+	}
+	r.failSyncs(nil) // the retry, with backoff, succeeds
+	select {
+	case v := <-r.synced:
+		if v != cached.Version {
+			t.Fatalf("retry programmed %s, want the cached %s", v, cached.Version)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the cached table was never programmed")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Held().Version != cached.Version {
+		if time.Now().After(deadline) {
+			t.Fatalf("held %q after the cached table was programmed, want %s", a.Held().Version, cached.Version)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

@@ -19,10 +19,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
-	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -60,29 +60,49 @@ type Options struct {
 	SilenceTimeout time.Duration
 	// MaxRecvMessageBytes bounds a table response.
 	MaxRecvMessageBytes int
+	// FailbackInterval is how often an agent streaming from a replica other
+	// than its preferred one (the first it tries) checks whether the
+	// preferred one serves again, and returns to it when it does: replicas
+	// stay evenly loaded after a failover. 0 never checks.
+	FailbackInterval time.Duration
 	// OnConnected is told when a stream opens (true) and ends (false).
 	OnConnected func(bool)
 }
 
-var errSilent = errors.New("no message from the control plane within the silence timeout")
+var (
+	errSilent   = errors.New("no message from the control plane within the silence timeout")
+	errFailback = errors.New("the preferred control plane replica is serving again")
+)
 
 // Run keeps a Sync stream open until ctx ends.
 func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
-	backoff := o.BackoffMin
-	for i := firstAddress(o.NodeName, len(o.Addresses)); ; i++ {
+	retry := newBackoff(o.BackoffMin, o.BackoffMax)
+	preferred := firstAddress(o.NodeName, len(o.Addresses))
+	for i := preferred; ; i++ {
 		addr := o.Addresses[i%len(o.Addresses)]
-		started := time.Now()
-		err := session(ctx, o, addr, a, log)
+		var watch func(context.Context) error
+		if i%len(o.Addresses) != preferred && o.FailbackInterval > 0 {
+			watch = func(ctx context.Context) error {
+				return awaitServing(ctx, o, o.Addresses[preferred], o.FailbackInterval)
+			}
+		}
+		established, err := session(ctx, o, addr, a, watch, log)
 		if ctx.Err() != nil {
 			return nil
 		}
-		// A stream that lived a while was a success: start over quickly.
-		if time.Since(started) > o.BackoffMax {
-			backoff = o.BackoffMin
+		if errors.Is(err, errFailback) {
+			// Back to the replica this node starts at, at once: the hello
+			// carries the table held, so the replica sends nothing when it
+			// is at the same version.
+			log.Info("returning to the preferred control plane replica", "from", addr, "to", o.Addresses[preferred])
+			i = preferred - 1
+			retry.reset()
+			continue
 		}
-		// Full jitter spreads reconnects of thousands of agents after a
-		// control plane restart.
-		wait := backoff/2 + rand.N(backoff/2+1)
+		if established {
+			retry.reset()
+		}
+		wait := retry.next()
 		if errors.Is(err, errCredentials) {
 			// Nothing was dialled: the rules in force stay, and the files
 			// are read again at the next attempt.
@@ -95,8 +115,65 @@ func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
 			return nil
 		case <-time.After(wait):
 		}
-		backoff = min(2*backoff, o.BackoffMax)
 	}
+}
+
+// backoff is the reconnect delay: exponential between min and max, with
+// full jitter (uniform in [0, delay]) so that the agents of a replica that
+// went away spread their reconnects over the whole delay rather than
+// arriving together in its second half. It starts over once a stream is
+// established, so a second failover soon after the first is as quick.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func newBackoff(lo, hi time.Duration) *backoff { return &backoff{min: lo, max: hi, cur: lo} }
+
+// next returns the wait before the next attempt and doubles the delay.
+func (b *backoff) next() time.Duration {
+	wait := rand.N(b.cur + 1)
+	b.cur = min(2*b.cur, b.max)
+	return wait
+}
+
+// reset starts over from min.
+func (b *backoff) reset() { b.cur = b.min }
+
+// awaitServing returns errFailback once the gRPC health service at addr
+// reports SERVING, checking every interval; it returns ctx's error when
+// ctx ends first. Each check is a new connection, closed at once: the
+// replica being watched holds nothing for this agent meanwhile.
+func awaitServing(ctx context.Context, o Options, addr string, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		if serving(ctx, o, addr, interval) {
+			return errFailback
+		}
+	}
+}
+
+// serving reports whether addr's health service answers SERVING within
+// timeout.
+func serving(ctx context.Context, o Options, addr string, timeout time.Duration) bool {
+	creds, err := o.Credentials.dialOptions()
+	if err != nil {
+		return false
+	}
+	conn, err := grpc.NewClient(addr, append(creds, o.DialOptions...)...)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
 }
 
 // TransportOptions are the agent's gRPC transport settings, exported so
@@ -125,22 +202,24 @@ func firstAddress(nodeName string, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// session runs one stream to addr until it fails.
-func session(ctx context.Context, o Options, addr string, a Applier, log *slog.Logger) error {
+// session runs one stream to addr until it fails or watch, when set,
+// returns. established reports whether the control plane answered on the
+// stream at all.
+func session(ctx context.Context, o Options, addr string, a Applier, watch func(context.Context) error, log *slog.Logger) (established bool, _ error) {
 	creds, err := o.Credentials.dialOptions()
 	if err != nil {
-		return err
+		return false, err
 	}
 	conn, err := grpc.NewClient(addr, append(append(TransportOptions(o.MaxRecvMessageBytes), creds...), o.DialOptions...)...)
 	if err != nil {
-		return fmt.Errorf("dialing %s: %w", addr, err)
+		return false, fmt.Errorf("dialing %s: %w", addr, err)
 	}
 	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stream, err := pb.NewTableServiceClient(conn).Sync(ctx)
+	stream, err := pb.NewTableServiceClient(conn).Sync(ctx, grpc.ForceCodecV2(syncCodec))
 	if err != nil {
-		return fmt.Errorf("opening stream to %s: %w", addr, err)
+		return false, fmt.Errorf("opening stream to %s: %w", addr, err)
 	}
 	s := &syncStream{stream: stream}
 	held := a.Held()
@@ -149,7 +228,7 @@ func session(ctx context.Context, o Options, addr string, a Applier, log *slog.L
 		hello.EntryHashes = held.Hashes()
 	}
 	if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: hello}}); err != nil {
-		return err
+		return false, err
 	}
 	log.Info("connected to control plane", "addr", addr, "heldVersion", held.Version)
 	if o.OnConnected != nil {
@@ -157,29 +236,39 @@ func session(ctx context.Context, o Options, addr string, a Applier, log *slog.L
 		defer o.OnConnected(false)
 	}
 
-	tables := make(chan *pb.SyncResponse)
+	tables := make(chan *response)
 	recvErr := make(chan error, 1)
 	heard := make(chan struct{}, 1)
 	go func() { recvErr <- s.receive(ctx, tables, heard) }()
+	if watch != nil {
+		go func() { cancel(watch(ctx)) }()
+	}
 	silence := time.NewTimer(o.SilenceTimeout)
 	defer silence.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return established, context.Cause(ctx)
 		case err := <-recvErr:
-			return err
+			return established, err
 		case <-heard:
+			established = true
 			silence.Reset(o.SilenceTimeout)
 		case <-silence.C:
-			return errSilent
+			return established, errSilent
 		case resp := <-tables:
-			err := s.answer(ctx, a, resp, log)
+			established = true
+			if resp.err != nil {
+				// The stream carries something other than the protocol:
+				// say so, and start over on a new one.
+				return established, s.nackUndecodable(resp, log)
+			}
+			err := s.answer(ctx, a, resp.msg, log)
 			// A long apply is not silence: the receive goroutine answered
 			// keepalives meanwhile.
 			silence.Reset(o.SilenceTimeout)
 			if err != nil {
-				return err
+				return established, err
 			}
 		}
 	}
@@ -203,9 +292,10 @@ func (s *syncStream) send(m *pb.SyncRequest) error {
 
 // receive answers keepalives itself, so that a long kernel sync does not
 // make the agent look dead, and passes table responses on.
-func (s *syncStream) receive(ctx context.Context, tables chan<- *pb.SyncResponse, heard chan<- struct{}) error {
+func (s *syncStream) receive(ctx context.Context, tables chan<- *response, heard chan<- struct{}) error {
 	for {
-		m, err := s.stream.Recv()
+		m := &response{}
+		err := s.stream.RecvMsg(m)
 		if errors.Is(err, io.EOF) {
 			return errors.New("control plane closed the stream")
 		}
@@ -216,7 +306,7 @@ func (s *syncStream) receive(ctx context.Context, tables chan<- *pb.SyncResponse
 		case heard <- struct{}{}:
 		default:
 		}
-		if m.GetKeepalive() != nil {
+		if m.msg.GetKeepalive() != nil {
 			if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}}); err != nil {
 				return err
 			}
@@ -230,16 +320,26 @@ func (s *syncStream) receive(ctx context.Context, tables chan<- *pb.SyncResponse
 	}
 }
 
+// nackUndecodable NACKs a response that could not be decoded, keeping the
+// rules in force, and returns the error that ends the stream.
+func (s *syncStream) nackUndecodable(resp *response, log *slog.Logger) error {
+	metrics.NacksTotal.Inc()
+	log.Error("rejecting an undecodable response; previous rules stay in force, reconnecting", "nonce", resp.nonce, "err", resp.err)
+	if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{Nonce: resp.nonce, Error: resp.err.Error()}}}); err != nil {
+		return err
+	}
+	return resp.err
+}
+
 // answer applies a table response and ACKs or NACKs it.
 func (s *syncStream) answer(ctx context.Context, a Applier, resp *pb.SyncResponse, log *slog.Logger) error {
-	version := resp.GetSnapshot().GetVersion() + resp.GetDelta().GetVersion()
+	version := proxytable.ResponseVersion(resp)
 	applied, err := a.Apply(ctx, resp)
 	if err != nil {
-		msg, entries := agent.NackDetail(err)
 		metrics.NacksTotal.Inc()
 		log.Error("rejecting table; previous rules stay in force", "version", version, "err", err)
 		if serr := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{
-			Version: version, Nonce: resp.GetNonce(), Error: msg, EntryErrors: entries,
+			Version: version, Nonce: resp.GetNonce(), Error: err.Error(), EntryErrors: proxytable.EntryErrors(err),
 		}}}); serr != nil {
 			return serr
 		}

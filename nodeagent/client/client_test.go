@@ -6,12 +6,20 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -25,15 +33,34 @@ type fakeControlPlane struct {
 	pb.UnimplementedTableServiceServer
 	streams chan grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 	done    chan struct{}
+	kick    chan struct{} // ends the stream being served
+}
+
+func newFakeControlPlane() *fakeControlPlane {
+	return &fakeControlPlane{
+		streams: make(chan grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse], 4),
+		done:    make(chan struct{}), kick: make(chan struct{}),
+	}
 }
 
 func (f *fakeControlPlane) Sync(s grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]) error {
 	f.streams <- s
 	select {
 	case <-f.done:
+	case <-f.kick:
 	case <-s.Context().Done():
 	}
 	return nil
+}
+
+// end ends the stream being served, as a control plane's failure would.
+func (f *fakeControlPlane) end(t *testing.T) {
+	t.Helper()
+	select {
+	case f.kick <- struct{}{}:
+	case <-time.After(waitFor):
+		t.Fatal("no stream to end")
+	}
 }
 
 // listeners serves a fake control plane on each named in-memory address.
@@ -43,7 +70,7 @@ func listeners(t *testing.T, names ...string) (map[string]*fakeControlPlane, grp
 	fakes := map[string]*fakeControlPlane{}
 	for _, n := range names {
 		l := bufconn.Listen(1 << 20)
-		f := &fakeControlPlane{streams: make(chan grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse], 4), done: make(chan struct{})}
+		f := newFakeControlPlane()
 		gs := grpc.NewServer()
 		pb.RegisterTableServiceServer(gs, f)
 		go func() { _ = gs.Serve(l) }()
@@ -175,12 +202,14 @@ func TestAckAndNack(t *testing.T) {
 		{"applied is acked", nil, func(m *pb.SyncRequest) bool {
 			return m.GetAck().GetVersion() == "00000000000000aa" && m.GetAck().GetNonce() == "n1"
 		}},
-		{"rejected is nacked with entry errors", &proxytable.ValidationError{Entries: []*proxytable.EntryError{{Key: "default/x", Err: errors.New("bad port")}}},
+		{
+			"rejected is nacked with entry errors", &proxytable.ValidationError{Entries: []*proxytable.EntryError{{Key: "default/x", Err: errors.New("bad port")}}},
 			func(m *pb.SyncRequest) bool {
 				n := m.GetNack()
 				return n.GetNonce() == "n1" && n.GetVersion() == "00000000000000aa" &&
 					len(n.GetEntryErrors()) == 1 && n.GetEntryErrors()[0].GetKey() == "default/x"
-			}},
+			},
+		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -256,6 +285,238 @@ func TestFirstAddressSpreads(t *testing.T) {
 	for i, c := range counts {
 		if c < 900 || c > 1100 {
 			t.Errorf("address %d is first for %d of 3000 nodes, want about 1000 (all: %v)", i, c, counts)
+		}
+	}
+}
+
+// TestBackoff checks the reconnect delay: full jitter over [0, delay], so
+// that agents leaving one replica spread over the whole delay, doubling up
+// to the maximum, and back to the minimum once a stream was established.
+func TestBackoff(t *testing.T) {
+	const lo, hi = 100 * time.Millisecond, 800 * time.Millisecond
+	b := newBackoff(lo, hi)
+	for range 10 {
+		b.next()
+	}
+	early := 0
+	for range 1000 {
+		w := b.next()
+		if w < 0 || w > hi {
+			t.Fatalf("wait %v outside [0, %v]", w, hi)
+		}
+		if w < hi/4 {
+			early++
+		}
+	}
+	// Uniform over [0, 800 ms]: a quarter fall below 200 ms. Jitter over
+	// [delay/2, delay] would put none there.
+	if early < 150 {
+		t.Errorf("%d of 1000 waits below %v, want about 250", early, hi/4)
+	}
+	b.reset()
+	if w := b.next(); w > lo {
+		t.Errorf("first wait after a reset %v, want at most %v", w, lo)
+	}
+}
+
+// TestBackoffResetsOnceEstablished checks that a stream the control plane
+// answered resets the backoff however briefly it lived: a second failover
+// soon after the first is as quick as the first.
+func TestBackoffResetsOnceEstablished(t *testing.T) {
+	fakes, dial := listeners(t, "cp")
+	var mu sync.Mutex
+	var connects []time.Time
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = Run(ctx, Options{
+			Addresses: []string{"passthrough:///cp"}, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
+			Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{dial},
+			// A minimum far below the maximum: without the reset, the
+			// fifth reconnect would wait up to 16 times the minimum.
+			BackoffMin: 20 * time.Millisecond, BackoffMax: 10 * time.Second,
+			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
+			OnConnected: func(up bool) {
+				if up {
+					mu.Lock()
+					connects = append(connects, time.Now())
+					mu.Unlock()
+				}
+			},
+		}, &fakeApplier{held: proxytable.Empty()}, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	for range 8 {
+		s := accept(t, fakes["cp"])
+		recv(t, s) // hello
+		// Established: a keepalive answered. Then the stream fails.
+		if err := s.Send(&pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{}}}); err != nil {
+			t.Fatal(err)
+		}
+		if m := recv(t, s); m.GetKeepalive() == nil {
+			t.Fatalf("answer %v, want a keepalive", m)
+		}
+		fakes["cp"].end(t)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(connects); i++ {
+		// Generous against a loaded machine, and still far below the
+		// 320 ms to 5 s a doubling backoff would reach.
+		if gap := connects[i].Sub(connects[i-1]); gap > 250*time.Millisecond {
+			t.Errorf("reconnect %d took %v after an established stream, want about the 20 ms minimum", i, gap)
+		}
+	}
+}
+
+// TestFailback checks that an agent that failed over returns to its
+// preferred replica once that one serves again, saying in its hello what
+// it holds, so that nothing is resent.
+func TestFailback(t *testing.T) {
+	names := []string{"cp-0", "cp-1"}
+	preferred, other := names[firstAddress("node-1", 2)], names[1-firstAddress("node-1", 2)]
+	replicas := map[string]*lateListener{preferred: newLateListener(t), other: newLateListener(t)}
+	var addrs []string
+	for _, n := range names {
+		addrs = append(addrs, "passthrough:///"+n)
+	}
+	both := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		return replicas[addr].dial(ctx)
+	})
+	fakeOther := replicas[other].serve()
+	held := heldTable()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = Run(ctx, Options{
+			Addresses: addrs, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
+			Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{both},
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
+			FailbackInterval: 20 * time.Millisecond,
+		}, &fakeApplier{held: held}, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	s := accept(t, fakeOther)
+	recv(t, s) // hello: the preferred replica is down
+	f := replicas[preferred].serve()
+	h := recv(t, accept(t, f)).GetHello()
+	if h == nil || h.GetVersion() != held.Version || len(h.GetEntryHashes()) != len(held.Entries) {
+		t.Fatalf("hello to the returned replica %v, want the held version %s and its hashes", h, held.Version)
+	}
+	select {
+	case <-s.Context().Done():
+	case <-time.After(waitFor):
+		t.Error("the stream to the other replica stayed open after the failback")
+	}
+}
+
+// lateListener is an in-memory replica that refuses connections until it
+// serves, with a health service answering SERVING.
+type lateListener struct {
+	t      *testing.T
+	l      *bufconn.Listener
+	served atomic.Bool
+}
+
+func newLateListener(t *testing.T) *lateListener {
+	t.Helper()
+	return &lateListener{t: t, l: bufconn.Listen(1 << 20)}
+}
+
+func (l *lateListener) dial(ctx context.Context) (net.Conn, error) {
+	if !l.served.Load() {
+		return nil, errors.New("connection refused")
+	}
+	return l.l.DialContext(ctx)
+}
+
+// serve starts serving and returns the replica's fake control plane.
+func (l *lateListener) serve() *fakeControlPlane {
+	f := newFakeControlPlane()
+	gs := grpc.NewServer()
+	pb.RegisterTableServiceServer(gs, f)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	go func() { _ = gs.Serve(l.l) }()
+	l.t.Cleanup(func() { close(f.done); gs.Stop() })
+	l.served.Store(true)
+	return f
+}
+
+// rawBytes are sent as they are by rawServerCodec.
+type rawBytes []byte
+
+// rawServerCodec lets a fake control plane send bytes that are not a
+// SyncResponse.
+type rawServerCodec struct{ encoding.CodecV2 }
+
+func (c rawServerCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if b, ok := v.(rawBytes); ok {
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return c.CodecV2.Marshal(v)
+}
+
+// TestGarbageIsNackedAndRulesKept checks that bytes from the control plane
+// that are not a SyncResponse are NACKed (with the nonce they carry), that
+// nothing is applied, and that the agent starts over on a new stream.
+func TestGarbageIsNackedAndRulesKept(t *testing.T) {
+	l := bufconn.Listen(1 << 20)
+	f := newFakeControlPlane()
+	gs := grpc.NewServer(grpc.ForceServerCodecV2(rawServerCodec{encoding.GetCodecV2("proto")}))
+	pb.RegisterTableServiceServer(gs, f)
+	go func() { _ = gs.Serve(l) }()
+	t.Cleanup(func() { close(f.done); gs.Stop() })
+	dial := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) })
+	a := &fakeApplier{held: heldTable()}
+	start(t, a, dial, "cp")
+
+	s := accept(t, f)
+	recv(t, s) // hello
+	// A nonce, then a snapshot whose first field's length runs past the
+	// end of the message.
+	garbage := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "n7")
+	garbage = protowire.AppendTag(garbage, 2, protowire.BytesType)
+	garbage = protowire.AppendBytes(garbage, []byte{0x0a, 0x7f, 0x01})
+	if err := s.SendMsg(rawBytes(garbage)); err != nil {
+		t.Fatal(err)
+	}
+	n := recv(t, s).GetNack()
+	if n == nil || n.GetNonce() != "n7" || !strings.Contains(n.GetError(), "undecodable") {
+		t.Fatalf("answer %v, want a NACK of nonce n7 saying the response is undecodable", n)
+	}
+	if h := recv(t, accept(t, f)).GetHello(); h == nil || h.GetVersion() != heldTable().Version {
+		t.Fatalf("new stream's first message %v, want a hello with the held version", h)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.applied) != 0 {
+		t.Errorf("applied %v from garbage", a.applied)
+	}
+}
+
+func TestTopLevelNonce(t *testing.T) {
+	ok, err := proto.Marshal(&pb.SyncResponse{Nonce: "abc", Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"whole message", ok, "abc"},
+		{"cut short", ok[:len(ok)-1], "abc"},
+		{"nonce cut short", ok[:3], ""},
+		{"nothing", nil, ""},
+		{"garbage", []byte{0xff, 0xff, 0xff}, ""},
+	} {
+		if got := topLevelNonce(tc.b); got != tc.want {
+			t.Errorf("%s: nonce %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

@@ -79,8 +79,11 @@ func TestDesired(t *testing.T) {
 		{"ready local endpoints are counted", tableOf(lbService("web", 32000,
 			local("http", ep("10.244.1.5", 8080, "r"), ep("10.244.1.6", 8080, "r"))),
 		), map[int32]service{32000: svc("web", map[family]int{ipv4: 2})}, 0},
-		{"no local endpoints: the port is open with 0", tableOf(lbService("web", 32000)),
-			map[int32]service{32000: svc("web", map[family]int{ipv4: 0})}, 0},
+		{
+			"no local endpoints: the port is open with 0", tableOf(lbService("web", 32000)),
+			map[int32]service{32000: svc("web", map[family]int{ipv4: 0})},
+			0,
+		},
 		{"an address on two ports counts once", tableOf(lbService("web", 32000,
 			local("http", ep("10.244.1.5", 8080, "r")),
 			local("https", ep("10.244.1.5", 8443, "r"), ep("10.244.1.7", 8443, "r"))),

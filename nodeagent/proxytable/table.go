@@ -42,6 +42,18 @@ func (t *Table) Hashes() map[string]uint64 {
 	return out
 }
 
+// ResponseVersion returns the version a table response carries: its
+// snapshot's or its delta's; "" for a response without a table.
+func ResponseVersion(resp *pb.SyncResponse) string {
+	switch k := resp.GetKind().(type) {
+	case *pb.SyncResponse_Snapshot:
+		return k.Snapshot.GetVersion()
+	case *pb.SyncResponse_Delta:
+		return k.Delta.GetVersion()
+	}
+	return ""
+}
+
 // FromSnapshot validates a snapshot and returns its table.
 func FromSnapshot(s *pb.Snapshot) (*Table, error) {
 	t := &Table{Version: s.GetVersion(), Node: s.GetNode(), Entries: make(map[string]*pb.ServiceEntry, len(s.GetEntries()))}

@@ -107,8 +107,10 @@ func TestApply(t *testing.T) {
 
 	t.Run("upserts, removals and node", func(t *testing.T) {
 		version := fmt.Sprintf("%016x", newNode.GetHash()+a2.GetHash()+c3.GetHash())
-		next, changed, err := base.Apply(&pb.Delta{BaseVersion: base.Version, Version: version, Node: newNode,
-			Upserts: []*pb.ServiceEntry{a2, c3}, Removals: []string{"default/b"}})
+		next, changed, err := base.Apply(&pb.Delta{
+			BaseVersion: base.Version, Version: version, Node: newNode,
+			Upserts: []*pb.ServiceEntry{a2, c3}, Removals: []string{"default/b"},
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,8 +132,10 @@ func TestApply(t *testing.T) {
 		{"another base", &pb.Delta{BaseVersion: "0000000000000000", Version: base.Version}, "holds"},
 		{"removal of an unknown key", &pb.Delta{BaseVersion: base.Version, Version: sum(entry("a", 1), entry("b", 2)), Removals: []string{"default/z"}}, "default/z"},
 		{"version does not add up", &pb.Delta{BaseVersion: base.Version, Version: base.Version, Upserts: []*pb.ServiceEntry{c3}}, "add up"},
-		{"invalid upsert", &pb.Delta{BaseVersion: base.Version, Version: sum(entry("a", 1), entry("b", 2), entry("c", 3)),
-			Upserts: []*pb.ServiceEntry{entry("c", 3, func(s *pb.Service) { s.Ports[0].Port = 0 })}}, "default/c"},
+		{"invalid upsert", &pb.Delta{
+			BaseVersion: base.Version, Version: sum(entry("a", 1), entry("b", 2), entry("c", 3)),
+			Upserts: []*pb.ServiceEntry{entry("c", 3, func(s *pb.Service) { s.Ports[0].Port = 0 })},
+		}, "default/c"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {
@@ -149,5 +153,33 @@ func TestHashes(t *testing.T) {
 	}
 	if h := table.Hashes(); len(h) != 2 || h["default/a"] != 1 || h["default/b"] != 2 {
 		t.Errorf("hashes %v", h)
+	}
+}
+
+func TestResponseVersion(t *testing.T) {
+	for _, tc := range []struct {
+		resp *pb.SyncResponse
+		want string
+	}{
+		{&pb.SyncResponse{Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{Version: "s1"}}}, "s1"},
+		{&pb.SyncResponse{Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{Version: "d1"}}}, "d1"},
+		{&pb.SyncResponse{}, ""},
+		{nil, ""},
+	} {
+		if got := ResponseVersion(tc.resp); got != tc.want {
+			t.Errorf("ResponseVersion(%v) = %q, want %q", tc.resp, got, tc.want)
+		}
+	}
+}
+
+func TestEntryErrors(t *testing.T) {
+	bad := &pb.ServiceEntry{Key: "ns/a", Service: &pb.Service{Namespace: "ns", Name: "b"}}
+	_, err := FromEntries("v1", &pb.NodeInfo{}, []*pb.ServiceEntry{bad})
+	got := EntryErrors(fmt.Errorf("applying: %w", err))
+	if len(got) != 1 || got[0].GetKey() != "ns/a" || got[0].GetError() == "" {
+		t.Errorf("EntryErrors = %v, want one for ns/a", got)
+	}
+	if got := EntryErrors(errors.New("disk full")); got != nil {
+		t.Errorf("EntryErrors of a plain error = %v, want nil", got)
 	}
 }

@@ -46,6 +46,21 @@ func (e *ValidationError) Error() string {
 // Is reports whether target is ErrInvalidTable.
 func (e *ValidationError) Is(target error) bool { return target == ErrInvalidTable }
 
+// EntryErrors returns the failures pinned to entries of the
+// ValidationError in err's chain, as a NACK carries them; nil when err
+// holds none.
+func EntryErrors(err error) []*pb.EntryError {
+	var ve *ValidationError
+	if !errors.As(err, &ve) || len(ve.Entries) == 0 {
+		return nil
+	}
+	out := make([]*pb.EntryError, 0, len(ve.Entries))
+	for _, e := range ve.Entries {
+		out = append(out, &pb.EntryError{Key: e.Key, Error: e.Err.Error()})
+	}
+	return out
+}
+
 // ValidateEntry checks everything a dataplane relies on: the key matches
 // the Service, addresses parse, ports and protocols are in range, and
 // every endpoint list names a port of the Service.

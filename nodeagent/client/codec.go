@@ -1,0 +1,80 @@
+package client
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// response is a Sync response as received: decoded, or the reason it
+// could not be and the nonce read from what could.
+type response struct {
+	msg *pb.SyncResponse
+	// err is the decode error; then msg is nil and nonce is the
+	// response's nonce when its top level could be read.
+	err   error
+	nonce string
+}
+
+// responseCodec decodes Sync responses into a *response itself, so that
+// bytes that are not a SyncResponse become a NACK and a reconnect rather
+// than a transport error that says nothing to the control plane. Requests
+// are encoded by the proto codec it wraps, whose name it keeps.
+type responseCodec struct{ encoding.CodecV2 }
+
+// syncCodec is the codec the Sync stream is opened with.
+var syncCodec = responseCodec{encoding.GetCodecV2("proto")}
+
+// Unmarshal implements encoding.CodecV2.
+func (c responseCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	r, ok := v.(*response)
+	if !ok {
+		return c.CodecV2.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	// proto.Unmarshal copies what it keeps: the buffer can go back to
+	// the pool.
+	r.msg = &pb.SyncResponse{}
+	if err := proto.Unmarshal(buf.ReadOnlyData(), r.msg); err != nil {
+		r.msg, r.err, r.nonce = nil, fmt.Errorf("undecodable response: %w", err), topLevelNonce(buf.ReadOnlyData())
+	}
+	return nil
+}
+
+// nonceField is SyncResponse.nonce's number, from the generated
+// descriptor rather than written by hand.
+var nonceField = (&pb.SyncResponse{}).ProtoReflect().Descriptor().Fields().ByName("nonce").Number()
+
+// topLevelNonce returns the last nonce among b's top-level fields (as
+// proto does for a repeated scalar), reading only as far as b parses; ""
+// when none was read.
+func topLevelNonce(b []byte) string {
+	var nonce string
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			break
+		}
+		b = b[n:]
+		if num == nonceField && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				break
+			}
+			nonce, b = string(v), b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			break
+		}
+		b = b[m:]
+	}
+	return nonce
+}
