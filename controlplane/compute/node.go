@@ -2,6 +2,7 @@ package compute
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -23,6 +24,10 @@ type Node struct {
 	// Bytes is the encoded NodeInfo, hash included.
 	Bytes []byte
 }
+
+// TaintToBeDeleted is the taint the cluster autoscaler puts on a node it
+// is about to delete; kube-proxy treats such a node as being deleted.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
 
 // BuildNode describes the node called name. obj is its Node object, or nil
 // when none exists: an agent may connect before its Node is registered, and
@@ -48,6 +53,11 @@ func BuildNode(name string, obj *corev1.Node) *Node {
 				info.PodCidrs = append(info.PodCidrs, p.String())
 			}
 		}
+		// As kube-proxy's nodeEligible: a deletion under way or the
+		// autoscaler's taint.
+		info.ToBeDeleted = obj.DeletionTimestamp != nil || slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool {
+			return t.Key == TaintToBeDeleted
+		})
 	}
 	info.Hash = xxhash.Sum64(mustMarshal(info))
 	return &Node{Name: name, Zone: info.Zone, Hash: info.Hash, Bytes: mustMarshal(info)}

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/proto"
@@ -92,6 +93,32 @@ func TestBuildNode(t *testing.T) {
 			obj: &corev1.Node{
 				ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
 				Spec:       corev1.NodeSpec{PodCIDR: "garbage"},
+			},
+			want: &pb.NodeInfo{Name: "node-a"},
+		},
+		{
+			name: "being deleted",
+			obj: &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+				Name: "node-a", DeletionTimestamp: &metav1.Time{Time: time.Unix(1, 0)},
+			}},
+			want: &pb.NodeInfo{Name: "node-a", ToBeDeleted: true},
+		},
+		{
+			name: "autoscaler's taint",
+			obj: &corev1.Node{
+				ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+				Spec: corev1.NodeSpec{Taints: []corev1.Taint{
+					{Key: "dedicated", Effect: corev1.TaintEffectNoSchedule},
+					{Key: TaintToBeDeleted, Effect: corev1.TaintEffectNoSchedule},
+				}},
+			},
+			want: &pb.NodeInfo{Name: "node-a", ToBeDeleted: true},
+		},
+		{
+			name: "other taints ignored",
+			obj: &corev1.Node{
+				ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+				Spec:       corev1.NodeSpec{Taints: []corev1.Taint{{Key: "dedicated", Effect: corev1.TaintEffectNoSchedule}}},
 			},
 			want: &pb.NodeInfo{Name: "node-a"},
 		},

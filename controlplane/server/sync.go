@@ -85,6 +85,12 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
 	}
 	releaseSlot()
+	// Headers say the hello was accepted: an agent that is current gets
+	// no table, and would otherwise hear nothing until the first
+	// keepalive.
+	if err := stream.SendHeader(nil); err != nil {
+		return toStatus(err)
+	}
 
 	st := s.reg.attach(node, peerAddr(ctx), hello.GetCapabilities(), cancel)
 	defer st.detach()

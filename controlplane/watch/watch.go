@@ -305,6 +305,15 @@ func trim(obj any) (any, error) {
 			n.Labels = map[string]string{corev1.LabelTopologyZone: zone}
 		}
 		n.Spec.PodCIDR, n.Spec.PodCIDRs = o.Spec.PodCIDR, o.Spec.PodCIDRs
+		// Whether the node is going away (compute.BuildNode), and nothing
+		// else of its deletion or taints.
+		n.DeletionTimestamp = o.DeletionTimestamp
+		for _, t := range o.Spec.Taints {
+			if t.Key == compute.TaintToBeDeleted {
+				n.Spec.Taints = []corev1.Taint{{Key: t.Key, Effect: t.Effect}}
+				break
+			}
+		}
 		return n, nil
 	case metav1.Object:
 		o.SetManagedFields(nil)

@@ -336,7 +336,10 @@ func TestTrimKeepsOnlyWhatTablesUse(t *testing.T) {
 			Name: "n", Labels: map[string]string{corev1.LabelTopologyZone: "z", "big": "label"},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
 		},
-		Spec:   corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}},
+		Spec: corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}, Taints: []corev1.Taint{
+			{Key: "dedicated", Effect: corev1.TaintEffectNoSchedule},
+			{Key: compute.TaintToBeDeleted, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule},
+		}},
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"x"}}}},
 	}
 	out, err := trim(n)
@@ -347,7 +350,15 @@ func TestTrimKeepsOnlyWhatTablesUse(t *testing.T) {
 	if len(got.Labels) != 1 || got.Labels[corev1.LabelTopologyZone] != "z" || len(got.Status.Images) != 0 || len(got.ManagedFields) != 0 {
 		t.Errorf("trimmed node kept too much or too little: %+v", got)
 	}
+	if len(got.Spec.Taints) != 1 {
+		t.Errorf("trimmed node kept taints %v, want only the autoscaler's", got.Spec.Taints)
+	}
 	if !compute.BuildNode("n", got).Equal(compute.BuildNode("n", n)) {
 		t.Errorf("trimming changed what the table sees of the node")
+	}
+	n.Spec.Taints = nil
+	n.DeletionTimestamp = &metav1.Time{Time: time.Unix(1, 0)}
+	if out, err = trim(n); err != nil || !compute.BuildNode("n", out.(*corev1.Node)).Equal(compute.BuildNode("n", n)) {
+		t.Errorf("trimming lost the node's deletion (%v)", err)
 	}
 }

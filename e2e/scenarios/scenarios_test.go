@@ -55,6 +55,7 @@ func TestScenarios(t *testing.T) {
 	t.Run("AgentMovesReplicaSendsNothing", e.testAgentMovesReplica)
 	t.Run("ControlPlaneDown", e.testControlPlaneDown)
 	t.Run("APIServerRestart", e.testAPIServerRestart)
+	t.Run("NodeBeingDeleted", e.testNodeBeingDeleted)
 	if insecure {
 		t.Log("E2E_INSECURE=1: the authentication scenarios are skipped")
 	} else {

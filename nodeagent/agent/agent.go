@@ -31,6 +31,9 @@ type Config struct {
 	SyncPeriod time.Duration
 	// RetryMin and RetryMax bound the backoff of a failed full sync.
 	RetryMin, RetryMax time.Duration
+	// ControlPlaneTimeout is how long /healthz stays healthy while no
+	// control plane answers (Health); 0 forever.
+	ControlPlaneTimeout time.Duration
 	// AfterSync run, in order on the agent's goroutine, after each table is
 	// programmed (deltas and full syncs alike), as kube-proxy updates its
 	// healthCheckNodePort server and cleans stale conntrack entries after
@@ -72,7 +75,7 @@ type request struct {
 // New returns an agent starting from cached, the table loaded from the
 // cache (nil when none). Run programs it before anything else.
 func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Table, log *slog.Logger) *Agent {
-	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: NewHealth(2 * cfg.SyncPeriod), reqs: make(chan request), started: make(chan struct{})}
+	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: NewHealth(2*cfg.SyncPeriod, cfg.ControlPlaneTimeout), reqs: make(chan request), started: make(chan struct{})}
 	if cached == nil {
 		cached = proxytable.Empty()
 	}
@@ -209,7 +212,7 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 		metrics.AppliedVersion.WithLabelValues(t.Version).Set(1)
 		a.reported = t.Version
 	}
-	a.health.Updated(time.Now())
+	a.health.Updated(time.Now(), t.Node.GetToBeDeleted())
 	for _, f := range a.cfg.AfterSync {
 		f(ctx, t)
 	}

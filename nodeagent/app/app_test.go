@@ -62,11 +62,10 @@ func TestShowCache(t *testing.T) {
 }
 
 func TestHealthEndpoints(t *testing.T) {
-	h := agent.NewHealth(time.Hour)
-	srv := httptest.NewServer(healthHandler(h))
-	defer srv.Close()
-	get := func(path string) (int, map[string]any) {
+	get := func(h *agent.Health, path string) (int, map[string]any) {
 		t.Helper()
+		srv := httptest.NewServer(healthHandler(h))
+		defer srv.Close()
 		resp, err := http.Get(srv.URL + path)
 		if err != nil {
 			t.Fatal(err)
@@ -78,21 +77,41 @@ func TestHealthEndpoints(t *testing.T) {
 		}
 		return resp.StatusCode, body
 	}
+	fresh := agent.NewHealth(time.Hour, time.Hour)
+	fresh.Updated(time.Now(), false)
 	for _, path := range []string{"/healthz", "/livez"} {
-		if code, body := get(path); code != http.StatusOK || body["currentTime"] == nil {
+		if code, body := get(fresh, path); code != http.StatusOK || body["currentTime"] == nil || body["lastUpdated"] == nil {
 			t.Errorf("%s: %d %v, want 200 with kube-proxy's fields", path, code, body)
 		}
 	}
-	stale := agent.NewHealth(time.Nanosecond) // pending since creation, long past the timeout
-	srv2 := httptest.NewServer(healthHandler(stale))
-	defer srv2.Close()
-	resp, err := http.Get(srv2.URL + "/healthz")
-	if err != nil {
-		t.Fatal(err)
+	if _, body := get(fresh, "/healthz"); body["nodeEligible"] != true {
+		t.Errorf("/healthz body %v, want nodeEligible true", body)
 	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("stale agent: /healthz %d, want 503", resp.StatusCode)
+
+	for _, tc := range []struct {
+		name           string
+		h              func() *agent.Health
+		healthz, livez int
+	}{
+		// Pending since creation, long past the timeout.
+		{"stale rules", func() *agent.Health { return agent.NewHealth(time.Nanosecond, 0) }, 503, 503},
+		{"node being deleted", func() *agent.Health {
+			h := agent.NewHealth(time.Hour, 0)
+			h.Updated(time.Now(), true)
+			return h
+		}, 503, 200},
+		{"no control plane past the timeout", func() *agent.Health {
+			h := agent.NewHealth(time.Hour, time.Nanosecond)
+			h.Updated(time.Now(), false)
+			return h
+		}, 503, 200},
+	} {
+		if code, _ := get(tc.h(), "/healthz"); code != tc.healthz {
+			t.Errorf("%s: /healthz %d, want %d", tc.name, code, tc.healthz)
+		}
+		if code, _ := get(tc.h(), "/livez"); code != tc.livez {
+			t.Errorf("%s: /livez %d, want %d", tc.name, code, tc.livez)
+		}
 	}
 }
 

@@ -55,6 +55,9 @@ type Options struct {
 	NodePortAddresses []string
 	// SyncPeriod is the interval between full syncs.
 	SyncPeriod time.Duration
+	// ControlPlaneTimeout is how long /healthz stays healthy while no
+	// control plane answers; 0 forever.
+	ControlPlaneTimeout time.Duration
 	// FailbackInterval is how often an agent that failed over checks
 	// whether its preferred control plane replica serves again; 0 never.
 	FailbackInterval time.Duration
@@ -101,8 +104,13 @@ func NewOptions() *Options {
 		// Often enough that replicas are even again within a minute of a
 		// rollout; each check is one health RPC on a new connection.
 		FailbackInterval: 30 * time.Second,
-		IPTablesBackend:  "auto",
-		LogLevel:         "info",
+		// Long enough to ride out a control plane rollout or an API
+		// server upgrade many times over; short enough that a node cut
+		// off from the cluster's changes leaves load balancers' rotation
+		// within the hour. /livez never fails for it.
+		ControlPlaneTimeout: 30 * time.Minute,
+		IPTablesBackend:     "auto",
+		LogLevel:            "info",
 		// Where deploy/nodeagent.yaml mounts the proxyplane-ca ConfigMap,
 		// which the control plane publishes with the CA it bootstraps.
 		CAFile: "/var/run/proxyplane/ca/ca.crt",
@@ -130,6 +138,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MasqueradeBit, "masquerade-bit", o.MasqueradeBit, "fwmark bit (0-31) marking packets to masquerade.")
 	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs whose local addresses accept NodePorts; empty for all.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Interval between full syncs of the kernel rules.")
+	fs.DurationVar(&o.ControlPlaneTimeout, "control-plane-timeout", o.ControlPlaneTimeout, "How long /healthz stays healthy while no control plane answers (the rules in force keep forwarding; /livez is unaffected); 0 forever, as kube-proxy never fails for the API server's absence.")
 	fs.DurationVar(&o.FailbackInterval, "failback-interval", o.FailbackInterval, "How often an agent streaming from a replica other than its preferred one checks whether the preferred one serves again, and returns to it; 0 never.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
@@ -186,6 +195,9 @@ func (o *Options) Validate() error {
 	}
 	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
 		errs = append(errs, fmt.Errorf("--masquerade-bit %d: want 0 to 31", o.MasqueradeBit))
+	}
+	if o.ControlPlaneTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--control-plane-timeout %s: want 0 or more", o.ControlPlaneTimeout))
 	}
 	if o.FailbackInterval < 0 {
 		errs = append(errs, fmt.Errorf("--failback-interval %s: want 0 or more", o.FailbackInterval))

@@ -57,7 +57,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	nodePortAddresses, _ := parseCIDRs(o.NodePortAddresses) // Validate parsed them
 	hc := healthcheck.New(healthcheck.Config{
 		NodePortAddresses: nodePortAddresses,
-		Healthy:           func() bool { ok, _ := a.Health().Healthy(time.Now()); return ok },
+		Healthy:           func() bool { return a.Health().Check(time.Now()).Live },
 	}, log.With("component", "healthcheck"))
 	defer func() { _ = hc.Close() }()
 	var cleaners []*conntrack.Cleaner
@@ -66,7 +66,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	a = agent.New(agent.Config{
 		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
-		AfterSync: afterSync(hc, cleaners, log),
+		ControlPlaneTimeout: o.ControlPlaneTimeout,
+		AfterSync:           afterSync(hc, cleaners, log),
 	}, dp, c, cached, log.With("component", "agent"))
 
 	reg := prometheus.NewRegistry()
@@ -112,6 +113,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			MaxRecvMessageBytes: 64 << 20,
 			OnConnected: func(up bool) {
 				metrics.Connected.Set(map[bool]float64{true: 1, false: 0}[up])
+				a.Health().ControlPlane(up, time.Now())
 			},
 		}, a, log.With("component", "client"))
 	})
@@ -259,22 +261,33 @@ func cidrsOf(family dataplane.Family, cidrs []string) []string {
 }
 
 // healthHandler serves /healthz and /livez with kube-proxy's meaning and
-// body: 200 while no table change has waited longer than the timeout.
+// body (see agent.Health): /livez while the rules are fresh, /healthz
+// while they are, the node is not being deleted, and a control plane
+// answers or has answered within --control-plane-timeout.
 func healthHandler(h *agent.Health) http.Handler {
-	serve := func(w http.ResponseWriter, _ *http.Request) {
-		now := time.Now()
-		ok, last := h.Healthy(now)
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if !ok {
-			w.WriteHeader(http.StatusServiceUnavailable)
+	serve := func(healthz bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			now := time.Now()
+			st := h.Check(now)
+			body := map[string]any{"lastUpdated": st.LastUpdated.Format(time.RFC3339Nano), "currentTime": now.Format(time.RFC3339Nano)}
+			ok := st.Live
+			if healthz {
+				ok = st.Healthy
+				body["nodeEligible"] = st.NodeEligible
+				if !st.ControlPlaneLost.IsZero() {
+					body["controlPlaneLost"] = st.ControlPlaneLost.Format(time.RFC3339Nano)
+				}
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			if !ok {
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}
+			_ = json.NewEncoder(w).Encode(body)
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{
-			"lastUpdated": last.Format(time.RFC3339Nano), "currentTime": now.Format(time.RFC3339Nano), "nodeEligible": true,
-		})
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", serve)
-	mux.HandleFunc("/livez", serve)
+	mux.Handle("/healthz", serve(true))
+	mux.Handle("/livez", serve(false))
 	return mux
 }

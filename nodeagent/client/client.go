@@ -65,7 +65,8 @@ type Options struct {
 	// preferred one serves again, and returns to it when it does: replicas
 	// stay evenly loaded after a failover. 0 never checks.
 	FailbackInterval time.Duration
-	// OnConnected is told when a stream opens (true) and ends (false).
+	// OnConnected is told when a control plane first answers on a stream
+	// (true), and when that stream ends (false).
 	OnConnected func(bool)
 }
 
@@ -231,15 +232,31 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 		return false, err
 	}
 	log.Info("connected to control plane", "addr", addr, "heldVersion", held.Version)
-	if o.OnConnected != nil {
-		o.OnConnected(true)
-		defer o.OnConnected(false)
+	answered := func() {
+		if !established && o.OnConnected != nil {
+			o.OnConnected(true)
+		}
+		established = true
 	}
+	defer func() {
+		if established && o.OnConnected != nil {
+			o.OnConnected(false)
+		}
+	}()
 
 	tables := make(chan *response)
 	recvErr := make(chan error, 1)
 	heard := make(chan struct{}, 1)
 	go func() { recvErr <- s.receive(ctx, tables, heard) }()
+	// A control plane sends headers once it accepted the hello (a current
+	// agent gets nothing else until a keepalive); older ones, with the
+	// first response.
+	accepted := make(chan struct{})
+	go func() {
+		if md, err := stream.Header(); err == nil && md != nil {
+			close(accepted)
+		}
+	}()
 	if watch != nil {
 		go func() { cancel(watch(ctx)) }()
 	}
@@ -251,13 +268,16 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 			return established, context.Cause(ctx)
 		case err := <-recvErr:
 			return established, err
+		case <-accepted:
+			answered()
+			accepted = nil
 		case <-heard:
-			established = true
+			answered()
 			silence.Reset(o.SilenceTimeout)
 		case <-silence.C:
 			return established, errSilent
 		case resp := <-tables:
-			established = true
+			answered()
 			if resp.err != nil {
 				// The stream carries something other than the protocol:
 				// say so, and start over on a new one.

@@ -520,3 +520,52 @@ func TestTopLevelNonce(t *testing.T) {
 		}
 	}
 }
+
+// TestHeadersEstablish checks that a control plane's headers, which it
+// sends once it accepted the hello, count as an answer: a current agent
+// gets no table and would otherwise wait for a keepalive to be told
+// connected (its /healthz and its backoff depend on it).
+func TestHeadersEstablish(t *testing.T) {
+	fakes, dial := listeners(t, "cp")
+	up := make(chan bool, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = Run(ctx, Options{
+			Addresses: []string{"passthrough:///cp"}, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
+			Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{dial},
+			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
+			OnConnected: func(b bool) { up <- b },
+		}, &fakeApplier{held: heldTable()}, slog.New(slog.DiscardHandler))
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	s := accept(t, fakes["cp"])
+	recv(t, s) // hello
+	select {
+	case b := <-up:
+		t.Fatalf("told connected=%v before the control plane answered", b)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := s.SendHeader(nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-up:
+		if !b {
+			t.Fatal("told disconnected, want connected")
+		}
+	case <-time.After(waitFor):
+		t.Fatal("headers did not count as an answer")
+	}
+	fakes["cp"].end(t)
+	select {
+	case b := <-up:
+		if b {
+			t.Fatal("told connected again, want disconnected")
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the stream's end was not told")
+	}
+}

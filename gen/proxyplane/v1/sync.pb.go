@@ -353,7 +353,8 @@ func (x *Ack) GetNonce() string {
 // version to this agent again; only a later change produces a new response.
 type Nack struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Version of the rejected response.
+	// Version of the rejected response; empty when the agent could not
+	// decode it (the nonce, read from what it could, says which).
 	Version string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
 	// Nonce of the rejected response.
 	Nonce string `protobuf:"bytes,2,opt,name=nonce,proto3" json:"nonce,omitempty"`

@@ -37,13 +37,16 @@ const (
 // version for the same table.
 type TableServiceClient interface {
 	// Sync is the node agent's stream. The agent opens with a Hello; the
-	// control plane answers with a Snapshot, a Delta from the agent's
-	// version, or nothing when the agent is current; the agent answers each
-	// table response with an Ack or a Nack carrying its nonce. At most one
-	// table response is unacknowledged at a time, so every Delta applies to
-	// the version the agent last acknowledged; changes that arrive meanwhile
-	// are coalesced into the next response. Both sides send keepalives.
-	// Credentials travel in metadata or TLS, never in messages.
+	// control plane sends response headers once it accepted the hello (so
+	// that a current agent knows it is served), then a Snapshot, a Delta
+	// from the agent's version, or nothing when the agent is current. The
+	// agent answers each table response with an Ack or a Nack carrying its
+	// nonce; a Nack without a version rejects the response in flight (one
+	// the agent could not decode). At most one table response is
+	// unacknowledged at a time, so every Delta applies to the version the
+	// agent last acknowledged; changes that arrive meanwhile are coalesced
+	// into the next response. Both sides send keepalives. Credentials
+	// travel in metadata or TLS, never in messages.
 	Sync(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SyncRequest, SyncResponse], error)
 	// WatchTable streams a read-only view of any node's table, for debugging
 	// (grpcurl): a Snapshot first, then a Delta for each change.
@@ -130,13 +133,16 @@ func (c *tableServiceClient) ListEvents(ctx context.Context, in *ListEventsReque
 // version for the same table.
 type TableServiceServer interface {
 	// Sync is the node agent's stream. The agent opens with a Hello; the
-	// control plane answers with a Snapshot, a Delta from the agent's
-	// version, or nothing when the agent is current; the agent answers each
-	// table response with an Ack or a Nack carrying its nonce. At most one
-	// table response is unacknowledged at a time, so every Delta applies to
-	// the version the agent last acknowledged; changes that arrive meanwhile
-	// are coalesced into the next response. Both sides send keepalives.
-	// Credentials travel in metadata or TLS, never in messages.
+	// control plane sends response headers once it accepted the hello (so
+	// that a current agent knows it is served), then a Snapshot, a Delta
+	// from the agent's version, or nothing when the agent is current. The
+	// agent answers each table response with an Ack or a Nack carrying its
+	// nonce; a Nack without a version rejects the response in flight (one
+	// the agent could not decode). At most one table response is
+	// unacknowledged at a time, so every Delta applies to the version the
+	// agent last acknowledged; changes that arrive meanwhile are coalesced
+	// into the next response. Both sides send keepalives. Credentials
+	// travel in metadata or TLS, never in messages.
 	Sync(grpc.BidiStreamingServer[SyncRequest, SyncResponse]) error
 	// WatchTable streams a read-only view of any node's table, for debugging
 	// (grpcurl): a Snapshot first, then a Delta for each change.

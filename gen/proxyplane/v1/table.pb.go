@@ -200,7 +200,13 @@ type NodeInfo struct {
 	// Pod CIDRs from spec.podCIDRs, for local-traffic detection by node CIDR.
 	PodCidrs []string `protobuf:"bytes,3,rep,name=pod_cidrs,json=podCidrs,proto3" json:"pod_cidrs,omitempty"`
 	// Content hash of this message, as used in the table version.
-	Hash          uint64 `protobuf:"fixed64,4,opt,name=hash,proto3" json:"hash,omitempty"`
+	Hash uint64 `protobuf:"fixed64,4,opt,name=hash,proto3" json:"hash,omitempty"`
+	// The node is going away: its Node has a deletionTimestamp or the
+	// cluster autoscaler's ToBeDeletedByClusterAutoscaler taint. The agent's
+	// /healthz then answers 503 (kube-proxy's nodeEligible false), so that
+	// load balancers stop sending new connections to the node before it
+	// goes; /livez is unaffected.
+	ToBeDeleted   bool `protobuf:"varint,5,opt,name=to_be_deleted,json=toBeDeleted,proto3" json:"to_be_deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -261,6 +267,13 @@ func (x *NodeInfo) GetHash() uint64 {
 		return x.Hash
 	}
 	return 0
+}
+
+func (x *NodeInfo) GetToBeDeleted() bool {
+	if x != nil {
+		return x.ToBeDeleted
+	}
+	return false
 }
 
 // ServiceEntry is one Service in a node's table, keyed by "namespace/name".
@@ -790,12 +803,13 @@ var File_proxyplane_v1_table_proto protoreflect.FileDescriptor
 
 const file_proxyplane_v1_table_proto_rawDesc = "" +
 	"\n" +
-	"\x19proxyplane/v1/table.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"c\n" +
+	"\x19proxyplane/v1/table.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x03 \x03(\tR\bpodCidrs\x12\x12\n" +
-	"\x04hash\x18\x04 \x01(\x06R\x04hash\"\xa5\x01\n" +
+	"\x04hash\x18\x04 \x01(\x06R\x04hash\x12\"\n" +
+	"\rto_be_deleted\x18\x05 \x01(\bR\vtoBeDeleted\"\xa5\x01\n" +
 	"\fServiceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\x06R\x04hash\x120\n" +
