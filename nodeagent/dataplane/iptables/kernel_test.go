@@ -153,6 +153,27 @@ func testKernel(t *testing.T, backend xtables.Backend) {
 		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 5, "pod-1")
 		dptest.SpreadOver(t, tp, node, "10.96.0.90:80", 5, "pod-1")
 	})
+	t.Run("full sync repairs chains deleted by hand", func(t *testing.T) {
+		// Another program (or an operator) empties the dispatch chain and
+		// deletes a service's chain: the next periodic full sync restores
+		// both, without the agent restarting.
+		ipt := xtables.BinariesOf(dataplane.IPv4, backend).IPTables
+		svc := prefixSvc + portHash("ns/added:http", "tcp")
+		for _, args := range [][]string{{"-F", chainServices}, {"-F", svc}, {"-X", svc}} {
+			if out, err := tp.Exec(node, ipt, append([]string{"-w", "5", "-t", "nat"}, args...)...); err != nil {
+				t.Fatalf("%s %v: %v: %s", ipt, args, err, out)
+			}
+		}
+		if r, err := tp.DialTCP(cl, "10.96.0.90:80", dptest.DropTimeout); err == nil {
+			t.Fatalf("service still answers (%+v) with its chains gone", r)
+		}
+		k.Sync(true, services["web"], services["added"])
+		if last.Err != nil || !last.Full {
+			t.Fatalf("repairing sync: %+v", last)
+		}
+		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 5, "pod-1")
+		dptest.SpreadOver(t, tp, cl, "10.96.0.10:80", 5, "pod-0")
+	})
 
 	t.Run("IPv6", func(t *testing.T) {
 		d6, err := New(kernelConfig(tp, dataplane.IPv6, backend), nil)
