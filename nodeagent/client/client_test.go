@@ -123,20 +123,31 @@ func start(t *testing.T, a Applier, dial grpc.DialOption, names ...string) {
 // startWith is start with the given credentials and logger.
 func startWith(t *testing.T, a Applier, creds Credentials, log *slog.Logger, dial grpc.DialOption, names ...string) {
 	t.Helper()
+	startOpts(t, a, log, dial, func(o *Options) { o.Credentials = creds }, names...)
+}
+
+// startOpts runs the client against the named in-memory addresses until
+// the test ends, with the tests' options changed by edit (when not nil).
+func startOpts(t *testing.T, a Applier, log *slog.Logger, dial grpc.DialOption, edit func(*Options), names ...string) {
+	t.Helper()
 	var addrs []string
 	for _, n := range names {
 		addrs = append(addrs, "passthrough:///"+n) // the in-memory dialer resolves names
+	}
+	o := Options{
+		Addresses: addrs, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
+		Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{dial},
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
+		SilenceTimeout: 300 * time.Millisecond, MaxRecvMessageBytes: 4 << 20,
+	}
+	if edit != nil {
+		edit(&o)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = Run(ctx, Options{
-			Addresses: addrs, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
-			Credentials: creds, DialOptions: []grpc.DialOption{dial},
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-			SilenceTimeout: 300 * time.Millisecond, MaxRecvMessageBytes: 4 << 20,
-		}, a, log)
+		_ = Run(ctx, o, a, log)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 }
@@ -326,27 +337,18 @@ func TestBackoffResetsOnceEstablished(t *testing.T) {
 	fakes, dial := listeners(t, "cp")
 	var mu sync.Mutex
 	var connects []time.Time
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = Run(ctx, Options{
-			Addresses: []string{"passthrough:///cp"}, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
-			Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{dial},
-			// A minimum far below the maximum: without the reset, the
-			// fifth reconnect would wait up to 16 times the minimum.
-			BackoffMin: 20 * time.Millisecond, BackoffMax: 10 * time.Second,
-			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
-			OnConnected: func(up bool) {
-				if up {
-					mu.Lock()
-					connects = append(connects, time.Now())
-					mu.Unlock()
-				}
-			},
-		}, &fakeApplier{held: proxytable.Empty()}, slog.New(slog.DiscardHandler))
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	startOpts(t, &fakeApplier{held: proxytable.Empty()}, slog.New(slog.DiscardHandler), dial, func(o *Options) {
+		// A minimum far below the maximum: without the reset, the fifth
+		// reconnect would wait up to 16 times the minimum.
+		o.BackoffMin, o.BackoffMax, o.SilenceTimeout = 20*time.Millisecond, 10*time.Second, time.Minute
+		o.OnConnected = func(up bool) {
+			if up {
+				mu.Lock()
+				connects = append(connects, time.Now())
+				mu.Unlock()
+			}
+		}
+	}, "cp")
 	for range 8 {
 		s := accept(t, fakes["cp"])
 		recv(t, s) // hello
@@ -377,28 +379,14 @@ func TestFailback(t *testing.T) {
 	names := []string{"cp-0", "cp-1"}
 	preferred, other := names[firstAddress("node-1", 2)], names[1-firstAddress("node-1", 2)]
 	replicas := map[string]*lateListener{preferred: newLateListener(t), other: newLateListener(t)}
-	var addrs []string
-	for _, n := range names {
-		addrs = append(addrs, "passthrough:///"+n)
-	}
 	both := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 		return replicas[addr].dial(ctx)
 	})
 	fakeOther := replicas[other].serve()
 	held := heldTable()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = Run(ctx, Options{
-			Addresses: addrs, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
-			Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{both},
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
-			FailbackInterval: 20 * time.Millisecond,
-		}, &fakeApplier{held: held}, slog.New(slog.DiscardHandler))
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	startOpts(t, &fakeApplier{held: held}, slog.New(slog.DiscardHandler), both, func(o *Options) {
+		o.SilenceTimeout, o.FailbackInterval = time.Minute, 20*time.Millisecond
+	}, names...)
 
 	s := accept(t, fakeOther)
 	recv(t, s) // hello: the preferred replica is down
@@ -528,19 +516,9 @@ func TestTopLevelNonce(t *testing.T) {
 func TestHeadersEstablish(t *testing.T) {
 	fakes, dial := listeners(t, "cp")
 	up := make(chan bool, 4)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = Run(ctx, Options{
-			Addresses: []string{"passthrough:///cp"}, NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true},
-			Credentials: Credentials{Insecure: true}, DialOptions: []grpc.DialOption{dial},
-			BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond,
-			SilenceTimeout: time.Minute, MaxRecvMessageBytes: 4 << 20,
-			OnConnected: func(b bool) { up <- b },
-		}, &fakeApplier{held: heldTable()}, slog.New(slog.DiscardHandler))
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	startOpts(t, &fakeApplier{held: heldTable()}, slog.New(slog.DiscardHandler), dial, func(o *Options) {
+		o.SilenceTimeout, o.OnConnected = time.Minute, func(b bool) { up <- b }
+	}, "cp")
 	s := accept(t, fakes["cp"])
 	recv(t, s) // hello
 	select {
