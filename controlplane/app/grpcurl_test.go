@@ -84,7 +84,7 @@ func TestGRPCurl(t *testing.T) {
 		Count: 3, FirstSeen: timestamppb.New(time.Unix(1700000000, 0)), LastSeen: timestamppb.New(time.Unix(1700000300, 0)),
 	}}}}
 	sec, caFile, token := testSecurity(t)
-	gs, _ := NewGRPCServer(store, events, NewOptions(), sec, slog.New(slog.DiscardHandler))
+	gs, _ := NewGRPCServer(store, events, NewOptions(), sec, Readiness{Synced: store.Ready(), Certified: sec.Ready}, slog.New(slog.DiscardHandler))
 	go func() { _ = gs.Serve(sec.Limits.Listener(lis)) }()
 	t.Cleanup(gs.Stop)
 	addr := lis.Addr().String()

@@ -76,7 +76,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	metrics.Register(reg)
 
 	// Each call runs in its own stream's context, not Run's.
-	gs, stopStreams := NewGRPCServer(store, watcher, o, sec, log.With("component", "server")) //nolint:contextcheck // see above
+	ready := Readiness{Synced: store.Ready(), Certified: sec.Ready, Watches: watcher}
+	gs, stopStreams := NewGRPCServer(store, watcher, o, sec, ready, log.With("component", "server")) //nolint:contextcheck // see above
 	grpcLis, err := net.Listen("tcp", o.GRPCAddress)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", o.GRPCAddress, err)
@@ -87,7 +88,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		_ = grpcLis.Close()
 		return fmt.Errorf("listening on %s: %w", o.MetricsAddress, err)
 	}
-	hs := &http.Server{Handler: httpHandler(reg, store.Ready(), sec.Ready), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: httpHandler(reg, ready, watcher), ReadHeaderTimeout: 10 * time.Second}
 	log.Info("control plane starting", "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String(),
 		"tls", !o.Insecure, "namespace", o.Namespace)
 
@@ -141,7 +142,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // TLS, authentication and limits. The returned stop ends every stream and
 // reports NOT_SERVING; call it before GracefulStop, or that waits for
 // agents' streams, which never end on their own.
-func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, sec *Security, log *slog.Logger) (gs *grpc.Server, stop func()) {
+func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, sec *Security, ready Readiness, log *slog.Logger) (gs *grpc.Server, stop func()) {
 	secOpts, hooks := sec.serverOptions()
 	opts := append(server.GRPCOptions(),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
@@ -173,15 +174,40 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 	srv.Register(gs)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	go func() {
-		<-store.Ready()
-		<-sec.Ready
-		hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	}()
+	done := make(chan struct{})
+	go followReadiness(hs, ready, done, log)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	return gs, func() { hs.Shutdown(); srv.Shutdown() }
+	return gs, func() { close(done); hs.Shutdown(); srv.Shutdown() }
 }
+
+// followReadiness sets the health service's status from ready until done
+// is closed, checking every readinessPeriod.
+func followReadiness(hs *health.Server, ready Readiness, done <-chan struct{}, log *slog.Logger) {
+	t := time.NewTicker(readinessPeriod)
+	defer t.Stop()
+	var was error = errors.New("not checked yet")
+	for {
+		err := ready.Check(time.Now())
+		switch {
+		case err == nil && was != nil:
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+			log.Info("serving")
+		case err != nil && (was == nil || err.Error() != was.Error()):
+			hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+			log.Warn("not ready", "why", err)
+		}
+		was = err
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// readinessPeriod is how often the health service follows readiness.
+const readinessPeriod = time.Second
 
 // Bounds on what a client can make the server hold before any call.
 const (
@@ -189,26 +215,11 @@ const (
 	handshakeTimeout   = 20 * time.Second
 )
 
-// httpHandler serves metrics, liveness, and readiness: ready once the
-// informers have synced and a serving certificate exists.
-func httpHandler(reg *prometheus.Registry, synced, certified <-chan struct{}) http.Handler {
+// httpHandler serves metrics, liveness and readiness (healthHandlers).
+func httpHandler(reg *prometheus.Registry, ready Readiness, watches Watches) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		for _, c := range []struct {
-			ready <-chan struct{}
-			why   string
-		}{{synced, "informer caches not synced"}, {certified, "no serving certificate yet"}} {
-			select {
-			case <-c.ready:
-			default:
-				http.Error(w, c.why, http.StatusServiceUnavailable)
-				return
-			}
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	healthHandlers(mux, ready, watches)
 	return mux
 }
 

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -53,6 +54,10 @@ type Watcher struct {
 	dirtyNodes   map[string]bool
 	wake         chan struct{} // capacity 1
 	handlerError error         // first error registering handlers
+	health       *health
+	// beat is when Run's loop last went round (UnixNano): a loop that
+	// stops going round can no longer publish.
+	beat atomic.Int64
 	// handlersSynced report when each handler has seen its informer's
 	// initial list: an informer's own HasSynced does not cover its
 	// handlers, and publishing before they caught up would send agents a
@@ -66,7 +71,7 @@ func New(client kubernetes.Interface, store *table.Store, resync time.Duration, 
 	w := &Watcher{
 		store: store, log: log, events: newEventLog(maxEvents),
 		dirtySvcs: map[string]bool{}, dirtyNodes: map[string]bool{},
-		wake: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), health: newHealth(),
 	}
 	// kube-proxy's filter, applied by the API server: Services handled by
 	// another proxy, and slices of headless Services, never reach us.
@@ -86,9 +91,16 @@ func New(client kubernetes.Interface, store *table.Store, resync time.Duration, 
 	w.services = w.factory.Core().V1().Services().Informer()
 	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
 	w.nodes = w.nodeFactory.Core().V1().Nodes().Informer()
-	for _, inf := range []cache.SharedIndexInformer{w.services, w.slices, w.nodes} {
+	for name, inf := range map[string]cache.SharedIndexInformer{"services": w.services, "endpointslices": w.slices, "nodes": w.nodes} {
 		if err := inf.SetTransform(trim); err != nil {
 			return nil, fmt.Errorf("setting transform: %w", err)
+		}
+		w.health.track(name, inf.LastSyncResourceVersion)
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			w.health.failed(name, err, time.Now())
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}); err != nil {
+			return nil, fmt.Errorf("setting watch error handler: %w", err)
 		}
 	}
 	if err := w.slices.AddIndexers(cache.Indexers{byService: sliceService}); err != nil {
@@ -168,14 +180,42 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 	w.log.Info("informer caches synced")
 	w.publish() // the first publish makes a world even when the cluster is empty
+	tick := time.NewTicker(heartbeat)
+	defer tick.Stop()
 	for {
+		w.beat.Store(time.Now().UnixNano())
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-w.wake:
 			w.publish()
+		case <-tick.C:
 		}
 	}
+}
+
+// heartbeat is how often Run's loop goes round with nothing to publish.
+const heartbeat = 5 * time.Second
+
+// Stale returns an error when a watch has been failing for longer than
+// grace at now (the world may be behind the cluster), nil otherwise. Safe
+// for concurrent use.
+func (w *Watcher) Stale(now time.Time, grace time.Duration) error {
+	return w.health.stale(now, grace)
+}
+
+// Stuck returns an error when Run's loop has not gone round for longer
+// than limit at now, once it started: it can no longer publish, and only a
+// restart helps. Safe for concurrent use.
+func (w *Watcher) Stuck(now time.Time, limit time.Duration) error {
+	beat := w.beat.Load()
+	if beat == 0 {
+		return nil
+	}
+	if since := now.Sub(time.Unix(0, beat)); since > limit {
+		return fmt.Errorf("publish loop stuck for %s", since.Round(time.Second))
+	}
+	return nil
 }
 
 // Events returns the current events about invalid Services and
