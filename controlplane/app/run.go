@@ -186,7 +186,7 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 func followReadiness(hs *health.Server, ready Readiness, done <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(readinessPeriod)
 	defer t.Stop()
-	var was error = errors.New("not checked yet")
+	was := errors.New("not checked yet")
 	for {
 		err := ready.Check(time.Now())
 		switch {
