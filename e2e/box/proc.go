@@ -79,7 +79,11 @@ func (p *Process) Running() bool {
 // Start starts the process; it is an error if it is running. It returns
 // once the process has been created: callers wait for readiness
 // themselves, each binary having its own sign of it.
-func (p *Process) Start() error {
+func (p *Process) Start() error { return p.StartWith() }
+
+// StartWith is Start with env (NAME=value) added for this run only, such
+// as a failpoint that makes it kill itself.
+func (p *Process) StartWith(env ...string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
@@ -96,12 +100,12 @@ func (p *Process) Start() error {
 	defer func() { _ = log.Close() }() // the child holds its own descriptor
 	// The marker separates runs in the log, so a failure's tail shows
 	// which run said what.
-	if _, err := fmt.Fprintf(log, "=== %s: starting %s in %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(p.argv, " "), p.ns); err != nil {
+	if _, err := fmt.Fprintf(log, "=== %s: starting %s in %s %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(p.argv, " "), p.ns, strings.Join(env, " ")); err != nil {
 		return fmt.Errorf("writing %s's log: %w", p.name, err)
 	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", p.ns}, p.argv...)...)
 	cmd.Stdout, cmd.Stderr = log, log
-	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Env = append(append(os.Environ(), p.env...), env...)
 	// The kernel kills the process if the test binary dies without its
 	// cleanups (a -timeout panic), so nothing outlives the run holding
 	// ports or rules. "ip netns exec" keeps the setting across its exec.

@@ -56,6 +56,7 @@ func TestScenarios(t *testing.T) {
 	t.Run("ControlPlaneDown", e.testControlPlaneDown)
 	t.Run("APIServerRestart", e.testAPIServerRestart)
 	t.Run("NodeBeingDeleted", e.testNodeBeingDeleted)
+	t.Run("AgentKilledMidApply", e.testAgentKilledMidApply)
 	if insecure {
 		t.Log("E2E_INSECURE=1: the authentication scenarios are skipped")
 	} else {

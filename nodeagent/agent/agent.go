@@ -14,6 +14,7 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
+	"github.com/proxyplane/proxyplane/nodeagent/failpoint"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -175,6 +176,7 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 	if err := a.store.Save(next, changed, changed == nil); err != nil {
 		return fmt.Errorf("persisting table: %w", err)
 	}
+	failpoint.Hit(failpoint.AfterPersist)
 	if err := a.sync(ctx, next, changed, full); err != nil {
 		// The kernel kept the previous rules; make the cache agree.
 		if rerr := a.store.Save(cur, changed, changed == nil); rerr != nil {
@@ -182,6 +184,7 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 		}
 		return fmt.Errorf("programming table: %w", err)
 	}
+	failpoint.Hit(failpoint.AfterProgram)
 	if changed != nil {
 		observeTriggerTimes(resp.GetDelta().GetUpserts())
 	}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +24,7 @@ type recorder struct {
 	mu       sync.Mutex
 	calls    []string
 	syncErr  error
+	saveErr  error
 	synced   chan string // receives the version of each successful sync
 	lastSave *proxytable.Table
 }
@@ -43,6 +46,9 @@ func (r *recorder) Save(t *proxytable.Table, changed []string, full bool) error 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, fmt.Sprintf("save %s full=%v changed=%v", t.Version, full, changed))
+	if r.saveErr != nil {
+		return r.saveErr
+	}
 	r.lastSave = t
 	return nil
 }
@@ -161,14 +167,17 @@ func TestRejectedTablesChangeNothing(t *testing.T) {
 		name      string
 		resp      *pb.SyncResponse
 		syncErr   error
+		saveErr   error
 		wantCalls int // after the good snapshot's two
 		entryErr  string
 	}{
-		{"bad version", &pb.SyncResponse{Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{Version: "0000000000000001", Node: node}}}, nil, 0, ""},
-		{"bad entry", snapshot(entry("x", 7, 0)), nil, 0, "default/x"},
-		{"delta on another base", &pb.SyncResponse{Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{BaseVersion: "ffffffffffffffff"}}}, nil, 0, ""},
+		{"bad version", &pb.SyncResponse{Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{Version: "0000000000000001", Node: node}}}, nil, nil, 0, ""},
+		{"bad entry", snapshot(entry("x", 7, 0)), nil, nil, 0, "default/x"},
+		{"delta on another base", &pb.SyncResponse{Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{BaseVersion: "ffffffffffffffff"}}}, nil, nil, 0, ""},
 		// Persisted, failed to program, cache restored: three calls.
-		{"kernel refuses", snapshot(entry("c", 3, 80)), errors.New("iptables-restore: line 3 failed"), 3, ""},
+		{"kernel refuses", snapshot(entry("c", 3, 80)), errors.New("iptables-restore: line 3 failed"), nil, 3, ""},
+		// A full disk or a read-only state directory: nothing programmed.
+		{"cache cannot be written", snapshot(entry("c", 3, 80)), nil, syscall.ENOSPC, 1, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -179,9 +188,15 @@ func TestRejectedTablesChangeNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			r.failSyncs(tc.syncErr)
+			r.mu.Lock()
+			r.saveErr = tc.saveErr
+			r.mu.Unlock()
 			_, err := a.Apply(context.Background(), tc.resp)
 			if err == nil {
 				t.Fatal("accepted a table it must reject")
+			}
+			if tc.saveErr != nil && (!errors.Is(err, tc.saveErr) || !strings.Contains(err.Error(), "persisting")) {
+				t.Errorf("error %v, want it to say the table could not be persisted, and why", err)
 			}
 			if entries := proxytable.EntryErrors(err); tc.entryErr != "" && (len(entries) != 1 || entries[0].GetKey() != tc.entryErr) {
 				t.Errorf("entry errors %v, want one for %q", entries, tc.entryErr)

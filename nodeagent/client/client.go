@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/failpoint"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -374,5 +375,6 @@ func (s *syncStream) answer(ctx context.Context, a Applier, resp *pb.SyncRespons
 		return nil
 	}
 	log.Debug("table applied", "version", applied)
+	failpoint.Hit(failpoint.BeforeAck)
 	return s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: applied, Nonce: resp.GetNonce()}}})
 }

@@ -1,0 +1,93 @@
+package scenarios
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxyplane/proxyplane/e2e/box"
+	"github.com/proxyplane/proxyplane/nodeagent/failpoint"
+)
+
+// testAgentKilledMidApply kills node-2's agent (SIGKILL, through its
+// failpoints) at each step of applying a change: after the table is
+// persisted, after it is programmed, and as the ACK is sent. Each time the
+// agent is started again, as the kubelet would. Under steady probes
+// through node-2 and the client no connection may fail, the change must
+// reach node-2's pods, and afterwards the agent's table, its kernel rules
+// and the control plane's record of what it acknowledged must agree.
+func (e *env) testAgentKilledMidApply(t *testing.T) {
+	ctx := e.begin(t)
+	b := e.b
+	tp := b.Topology()
+	web := webService(t, e)
+	a := b.Agents[2]
+	podNS := tp.PodNS(podOn(b, 2))
+	probes := map[string]*box.Probe{
+		"client":                         b.StartProbe(tp.ClientNS(), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
+		podName(podOn(b, 2)) + "@node-2": b.StartProbe(podNS, box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
+	}
+	defer func() {
+		for name, p := range probes {
+			r := p.Stop()
+			figure(t, "agent-kill-probe", "from=%s dials=%d failed=%d over=%s", name, r.Dials, r.Failures, ms(r.Duration))
+			if r.Failures != 0 {
+				t.Errorf("probe from %s: %d of %d connections failed through the kills; first: %v", name, r.Failures, r.Dials, r.Errors)
+			}
+		}
+		if !a.Running() {
+			_ = a.Start()
+		}
+	}()
+	for _, p := range probes {
+		if err := p.WaitDials(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for i, point := range []string{failpoint.AfterPersist, failpoint.AfterProgram, failpoint.BeforeAck} {
+		t.Run(point, func(t *testing.T) {
+			if err := a.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.StartWith(failpoint.Env + "=" + point); err != nil {
+				t.Fatal(err)
+			}
+			if err := a.WaitServing(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// Wait until it is current on its stream, so that the change
+			// below is the response it dies applying.
+			if _, err := b.WaitProgrammed(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+			svc, _, err := b.CreateService(ctx, box.NewService(fmt.Sprintf("fault-%d", i)), podOn(b, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-a.Exited():
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%s never reached failpoint %s\n%s", a.Name(), point, a.LogTail(20))
+			}
+			if err := a.ExitError(); err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Fatalf("%s exited with %v, want killed at %s", a.Name(), err, point)
+			}
+			killed := time.Now()
+			if err := a.Start(); err != nil {
+				t.Fatal(err)
+			}
+			at, err := b.DialUntil(ctx, podNS, box.ClusterAddr(svc), "")
+			if err != nil {
+				t.Fatalf("the change never reached node-2 after the kill: %v\n%s", err, a.LogTail(20))
+			}
+			// The agent's version in force, what the control plane
+			// computed for node-2 and what it records as acknowledged.
+			if _, err := b.WaitProgrammed(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+			figure(t, "agent-killed-mid-apply", "point=%s change-reached-after-restart=%s", point, ms(at.Sub(killed)))
+		})
+	}
+}

@@ -1,0 +1,38 @@
+// Package failpoint kills the node agent at a named point of its work, for
+// fault-injection tests: with PROXYPLANE_FAILPOINT=<name> in its
+// environment, the process sends itself SIGKILL when it reaches that
+// point, as a node losing power would stop it. Without the variable (in
+// production) Hit compares two strings and returns.
+package failpoint
+
+import (
+	"os"
+	"syscall"
+)
+
+// Env is the environment variable that arms a failpoint.
+const Env = "PROXYPLANE_FAILPOINT"
+
+// The points, in the order a table response meets them.
+const (
+	// AfterPersist is after a response's table was written to the cache,
+	// before it is programmed.
+	AfterPersist = "after-persist"
+	// AfterProgram is after it was programmed, before the ACK is sent.
+	AfterProgram = "after-program"
+	// BeforeAck is as the ACK is about to be sent.
+	BeforeAck = "before-ack"
+)
+
+// armed is read once: a failpoint is chosen when the process starts.
+var armed = os.Getenv(Env)
+
+// Hit kills the process if the failpoint name is armed; it does not
+// return then.
+func Hit(name string) {
+	if armed == "" || armed != name {
+		return
+	}
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
