@@ -170,6 +170,12 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 		AdmissionRate: o.AdmissionRate, AdmissionBurst: o.AdmissionBurst,
 		Authorize: hooks.Authorize, AuthorizeRead: hooks.AuthorizeRead,
 		Events: events,
+		Stale: func() error {
+			if ready.Watches == nil {
+				return nil
+			}
+			return ready.Watches.Stale(time.Now(), staleGrace)
+		},
 	}, log)
 	srv.Register(gs)
 	hs := health.NewServer()

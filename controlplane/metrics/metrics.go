@@ -44,7 +44,7 @@ var (
 	// StreamsClosedTotal counts Sync streams closed, by reason.
 	StreamsClosedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "streams_closed_total",
-		Help: "Sync streams closed, by reason (eof, replaced, keepalive_timeout, write_timeout, ack_timeout, invalid, error).",
+		Help: "Sync streams closed, by reason (eof, replaced, keepalive_timeout, write_timeout, ack_timeout, invalid, error, admission, stale).",
 	}, []string{"reason"})
 	// ComputeDurationSeconds is the time to recompute changed Services and
 	// Nodes and publish the resulting world.

@@ -35,6 +35,12 @@ type Options struct {
 	// Events, when set, supplies what ListEvents reports; without it
 	// ListEvents reports no events.
 	Events EventSource
+	// Stale, when set, says why this replica's world may be behind the
+	// cluster (a watch failing), nil when it is not. A stale replica still
+	// serves agents that hold exactly its table or none, and refuses the
+	// others (UNAVAILABLE): their table may be newer than its own, and
+	// serving it would roll them back.
+	Stale func() error
 	// AdmissionRate bounds how many Sync streams per second start being
 	// served; AdmissionBurst is how many may start at once. Streams over
 	// the rate wait their turn (they are not refused), so a reconnect of

@@ -84,6 +84,12 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	if err != nil {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
 	}
+	if s.opts.Stale != nil && hello.GetVersion() != "" && !cur.Current() {
+		if why := s.opts.Stale(); why != nil {
+			metrics.StreamsClosedTotal.WithLabelValues("stale").Inc()
+			return status.Errorf(codes.Unavailable, "this replica may be behind the cluster (%v) and the agent holds a table it cannot place: try another replica", why)
+		}
+	}
 	releaseSlot()
 	// Headers say the hello was accepted: an agent that is current gets
 	// no table, and would otherwise hear nothing until the first

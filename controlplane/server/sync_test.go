@@ -2,9 +2,12 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,8 +17,11 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
+
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -401,4 +407,52 @@ func TestNackWithoutVersion(t *testing.T) {
 		st := nodeStatus(t, client, "node-1")
 		return st.GetNackedVersion() == r.GetSnapshot().GetVersion() && st.GetNackError() == "undecodable response"
 	})
+}
+
+// TestStaleReplicaRefusesTablesItCannotPlace checks that a replica whose
+// watches are stale serves an agent holding exactly its table or none, and
+// refuses one holding another table (it may be newer, from a replica that
+// still watches): serving it would roll the agent back.
+func TestStaleReplicaRefusesTablesItCannotPlace(t *testing.T) {
+	store := cluster(t)
+	var stale atomic.Bool
+	client, _, _ := newTestServer(t, store, Options{Stale: func() error {
+		if stale.Load() {
+			return errors.New("[endpointslices] watch failing for 50s")
+		}
+		return nil
+	}})
+	// A current agent, whose table this replica made.
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	a.ack(a.recv())
+	current := a.hello()
+	a.close()
+
+	stale.Store(true)
+	for _, tc := range []struct {
+		name  string
+		hello *pb.Hello
+		serve bool
+	}{
+		{"holding nothing: served", &pb.Hello{NodeName: "node-2"}, true},
+		{"holding this replica's table: served", current, true},
+		{"holding a table this replica cannot place: refused", &pb.Hello{NodeName: "node-1", Version: "00000000000000ff", NodeHash: 1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := connect(t, client, proto.CloneOf(tc.hello))
+			defer b.close()
+			// Headers come once the hello is accepted; a refusal
+			// comes instead of them, and Recv returns it.
+			md, _ := b.stream.Header()
+			if served := md != nil; served != tc.serve {
+				_, err := b.stream.Recv()
+				t.Fatalf("served %v (%v), want %v", served, err, tc.serve)
+			}
+			if !tc.serve {
+				if _, err := b.stream.Recv(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "watch failing") {
+					t.Fatalf("stream ended with %v, want Unavailable saying why", err)
+				}
+			}
+		})
+	}
 }
