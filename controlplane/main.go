@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -15,21 +14,18 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/proxyplane/proxyplane/controlplane/app"
+	"github.com/proxyplane/proxyplane/internal/cli"
 )
 
 func main() {
 	o := app.NewOptions()
 	fs := pflag.NewFlagSet("controlplane", pflag.ContinueOnError)
 	o.AddFlags(fs)
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			os.Exit(0)
-		}
-		os.Exit(2)
+	if exit, code := cli.Parse(fs, os.Args[1:], os.Stdout, os.Stderr); exit {
+		os.Exit(code)
 	}
 	if err := o.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "controlplane: invalid flags:\n%v\n", err)
-		os.Exit(2)
+		os.Exit(cli.Usage(fs, os.Stderr, fmt.Errorf("invalid flags:\n%w", err)))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.Level()}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -4,11 +4,11 @@
 //
 //	nodeagent --control-plane=HOST:PORT [flags]   run the agent
 //	nodeagent show-cache [--state-dir=DIR]        print the cached table
+//	nodeagent --version                           print the version
 package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/proxyplane/proxyplane/internal/cli"
 	"github.com/proxyplane/proxyplane/nodeagent/app"
 )
 
@@ -29,11 +30,8 @@ func main() {
 	}
 	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
 	o.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			os.Exit(0)
-		}
-		os.Exit(2)
+	if exit, code := cli.Parse(fs, args, os.Stdout, os.Stderr); exit {
+		os.Exit(code)
 	}
 	if showCache {
 		if err := app.ShowCache(os.Stdout, o.CachePath()); err != nil {
@@ -43,8 +41,7 @@ func main() {
 		return
 	}
 	if err := o.Validate(); err != nil {
-		fmt.Fprintf(os.Stderr, "nodeagent: invalid flags:\n%v\n", err)
-		os.Exit(2)
+		os.Exit(cli.Usage(fs, os.Stderr, fmt.Errorf("invalid flags:\n%w", err)))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.Level()}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

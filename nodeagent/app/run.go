@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/cli"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
@@ -32,7 +33,7 @@ import (
 )
 
 // Version is the agent's build version, reported in the hello.
-var Version = "dev"
+var Version = cli.Version()
 
 // Run runs the node agent until ctx ends. o must be valid.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
