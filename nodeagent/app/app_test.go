@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
@@ -136,5 +138,24 @@ func TestIPVSWithoutKernelSupport(t *testing.T) {
 	}
 	if _, statErr := os.Stat(o.CachePath()); !os.IsNotExist(statErr) {
 		t.Errorf("the cache was created (%v); a dataplane that cannot start must touch nothing", statErr)
+	}
+}
+
+func TestMetricsEndpoints(t *testing.T) {
+	srv := httptest.NewServer(metricsHandler(prometheus.NewRegistry(), "nftables"))
+	defer srv.Close()
+	for path, want := range map[string]string{"/proxyMode": "nftables", "/metrics": "", "/nothing": "404"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		switch {
+		case want == "404" && resp.StatusCode != http.StatusNotFound:
+			t.Errorf("%s: %d, want 404 (only kube-proxy's paths are served)", path, resp.StatusCode)
+		case want != "404" && (resp.StatusCode != http.StatusOK || string(body) != want && want != ""):
+			t.Errorf("%s: %d %q, want 200 %q", path, resp.StatusCode, body, want)
+		}
 	}
 }

@@ -76,7 +76,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	metrics.Register(reg)
 	servers := []*http.Server{
 		{Addr: o.HealthzBindAddress, Handler: healthHandler(a.Health()), ReadHeaderTimeout: 10 * time.Second},
-		{Addr: o.MetricsBindAddress, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ReadHeaderTimeout: 10 * time.Second},
+		{Addr: o.MetricsBindAddress, Handler: metricsHandler(reg, o.ProxyMode), ReadHeaderTimeout: 10 * time.Second},
 	}
 
 	// Listen before starting anything, so a taken port fails cleanly.
@@ -259,6 +259,20 @@ func cidrsOf(family dataplane.Family, cidrs []string) []string {
 		out = append(out, p.String())
 	}
 	return out
+}
+
+// metricsHandler serves what kube-proxy serves on its metrics port:
+// /metrics, and /proxyMode, the dataplane in use as plain text (tools and
+// e2e suites ask it which mode runs).
+func metricsHandler(reg *prometheus.Registry, mode string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		_, _ = w.Write([]byte(mode))
+	})
+	return mux
 }
 
 // healthHandler serves /healthz and /livez with kube-proxy's meaning and
