@@ -21,7 +21,7 @@ func main() {
 	o := app.NewOptions()
 	fs := pflag.NewFlagSet("controlplane", pflag.ContinueOnError)
 	o.AddFlags(fs)
-	if exit, code := cli.Parse(fs, os.Args[1:], os.Stdout, os.Stderr); exit {
+	if exit, code := cli.Parse(fs, os.Args[1:], cli.Version(""), os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
 	if err := o.Validate(); err != nil {

@@ -30,7 +30,7 @@ func main() {
 	}
 	fs := pflag.NewFlagSet("nodeagent", pflag.ContinueOnError)
 	o.AddFlags(fs)
-	if exit, code := cli.Parse(fs, args, os.Stdout, os.Stderr); exit {
+	if exit, code := cli.Parse(fs, args, app.BuildVersion(), os.Stdout, os.Stderr); exit {
 		os.Exit(code)
 	}
 	if showCache {

@@ -14,11 +14,12 @@ import (
 )
 
 // Parse parses args into fs, which has the binary's flags; it adds
-// --version. When the binary should exit instead of running, exit is set
-// and code is its exit status: 0 after --help or --version, 2 after a
-// mistake, which it has printed with the usage on stderr.
-func Parse(fs *pflag.FlagSet, args []string, stdout, stderr io.Writer) (exit bool, code int) {
-	version := fs.Bool("version", false, "Print the version and exit.")
+// --version, which prints version. When the binary should exit instead of
+// running, exit is set and code is its exit status: 0 after --help or
+// --version, 2 after a mistake, which it has printed with the usage on
+// stderr.
+func Parse(fs *pflag.FlagSet, args []string, version string, stdout, stderr io.Writer) (exit bool, code int) {
+	printVersion := fs.Bool("version", false, "Print the version and exit.")
 	fs.SetOutput(stdout) // --help's usage
 	err := fs.Parse(args)
 	switch {
@@ -28,8 +29,8 @@ func Parse(fs *pflag.FlagSet, args []string, stdout, stderr io.Writer) (exit boo
 		return true, Usage(fs, stderr, err)
 	case fs.NArg() > 0:
 		return true, Usage(fs, stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
-	case *version:
-		_, _ = fmt.Fprintf(stdout, "%s %s\n", fs.Name(), Version())
+	case *printVersion:
+		_, _ = fmt.Fprintf(stdout, "%s %s\n", fs.Name(), version)
 		return true, 0
 	}
 	return false, 0
@@ -42,10 +43,14 @@ func Usage(fs *pflag.FlagSet, w io.Writer, err error) int {
 	return 2
 }
 
-// Version returns the build's version: the module version when built from
-// a tagged module, else the VCS revision (with "+dirty" for uncommitted
-// changes), else "dev".
-func Version() string {
+// Version returns the build's version: stamped, when the build set it
+// (-ldflags -X, as the images do), else the module version when built
+// from a tagged module, else the VCS revision (with "+dirty" for
+// uncommitted changes), else "dev".
+func Version(stamped string) string {
+	if stamped != "" {
+		return stamped
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return "dev"

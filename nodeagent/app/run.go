@@ -32,8 +32,13 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
-// Version is the agent's build version, reported in the hello.
-var Version = cli.Version()
+// Version is the agent's version as the build stamped it (-ldflags -X, as
+// the image does); empty otherwise. BuildVersion is what it reports.
+var Version string
+
+// BuildVersion returns the agent's version: Version, or what the Go build
+// recorded (cli.Version). The hello and --version report it.
+func BuildVersion() string { return cli.Version(Version) }
 
 // Run runs the node agent until ctx ends. o must be valid.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
@@ -104,7 +109,7 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			Addresses: o.ControlPlanes,
 			NodeName:  o.NodeName,
 			Capabilities: &pb.Capabilities{
-				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: Version,
+				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: BuildVersion(),
 			},
 			Credentials:         o.Credentials(),
 			BackoffMin:          500 * time.Millisecond,

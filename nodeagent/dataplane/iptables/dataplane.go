@@ -26,6 +26,10 @@ type Dataplane struct {
 	b *engine
 }
 
+// Tools returns every binary the Dataplane may execute: what an image
+// must ship for iptables mode.
+func Tools() []string { return xtables.AllBinaries() }
+
 // New returns a Dataplane for cfg, which reports every sync to observe
 // (nil for none). It checks the configuration and that the iptables tools
 // exist; it changes nothing in the kernel until the first Sync (which also

@@ -38,6 +38,13 @@ type seams struct {
 	iptables map[xtables.Backend]xtables.Runner
 }
 
+// ipsetBinary is the ipset tool the Dataplane runs.
+const ipsetBinary = "ipset"
+
+// Tools returns every binary the Dataplane may execute: what an image
+// must ship for IPVS mode.
+func Tools() []string { return append(xtables.AllBinaries(), ipsetBinary) }
+
 // CheckKernel reports whether this kernel has IPVS: nil, or an error
 // matching IsIPVSUnavailable that names the missing feature (or another
 // error when it cannot tell). It needs no privilege and changes nothing:
@@ -75,7 +82,7 @@ func newChecked(cfg Config, observe dataplane.Observer, check familyChecker, ope
 // openSeams opens the real kernel interfaces for cfg.
 func openSeams(cfg *Config) (*seams, error) {
 	k := &seams{sysctl: procSysctl{ns: cfg.NetNS}}
-	t, err := tool.New(cfg.CommandPrefix, "ipset")
+	t, err := tool.New(cfg.CommandPrefix, ipsetBinary)
 	if err != nil {
 		return nil, err
 	}

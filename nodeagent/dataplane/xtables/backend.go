@@ -46,3 +46,16 @@ func BinariesOf(family dataplane.Family, backend Backend) Binaries {
 	flavour := base + "-" + string(backend)
 	return Binaries{Restore: flavour + "-restore", Save: flavour + "-save", IPTables: flavour}
 }
+
+// AllBinaries returns every binary a runner may execute, for both families and
+// both backends: what an image must ship.
+func AllBinaries() []string {
+	var out []string
+	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
+		for _, b := range []Backend{BackendNFT, BackendLegacy} {
+			bin := BinariesOf(f, b)
+			out = append(out, bin.Restore, bin.Save, bin.IPTables)
+		}
+	}
+	return out
+}
