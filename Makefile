@@ -139,9 +139,12 @@ e2e: build e2e-apiserver tools
 # sample Services, running until Ctrl-C, then removed. As root; it installs
 # the OS packages it needs (hack/install-os-deps.sh). grpcurl is built
 # alone, so the demo does not wait for the whole toolchain.
-.PHONY: demo
-demo: build e2e-apiserver
+.PHONY: demo demo-check
+demo-check:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make demo needs root: it creates network namespaces and programs rules in them (sudo make demo)" >&2; exit 1; fi
+	@if [ ! -x $(BIN)/e2e-apiserver ]; then echo "building the binaries and a real etcd + kube-apiserver (e2e/cmd/apiserver): about 6 to 10 minutes and 2.3 GB of memory the first time" >&2; fi
+# demo-check runs first: root, then what the build is about to take.
+demo: demo-check build e2e-apiserver
 	hack/install-os-deps.sh
 	go -C tools build -o $(BIN)/ github.com/fullstorydev/grpcurl/cmd/grpcurl
 	cd e2e && go build -o $(BIN)/e2e-demo ./cmd/demo

@@ -109,7 +109,9 @@ func (p *Process) StartWith(env ...string) error {
 	// The kernel kills the process if the test binary dies without its
 	// cleanups (a -timeout panic), so nothing outlives the run holding
 	// ports or rules. "ip netns exec" keeps the setting across its exec.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group keeps a terminal's Ctrl-C (SIGINT to the
+	// foreground group) for the box's owner, which stops it in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting %s: %w", p.name, err)
 	}

@@ -119,6 +119,11 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 		out.f("  %-6s -> %-22s answered by %s, which saw %s\n", req.from, req.addr, r.Backend, r.SeenFrom)
 	}
 
+	// Once every agent has acknowledged its current table, so that the
+	// versions below are the ones the replicas go on showing.
+	if _, err := b.WaitProgrammed(ctx, nil); err != nil {
+		return err
+	}
 	on, statuses, err := b.Connections(ctx)
 	if err != nil {
 		return err
@@ -145,12 +150,18 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	}
 	cp := b.ControlPlanes[0].LocalGRPCAddr()
 	in := "ip netns exec " + b.HostNS() + " "
+	var replicas []string
+	for _, c := range b.ControlPlanes {
+		replicas = append(replicas, c.LocalGRPCAddr())
+	}
 	// TLS against the CA bundle the control plane published, for the
 	// name its certificate carries, and the token of an identity allowed
 	// to read tables (it may list EndpointSlices).
 	auth := b.GRPCurlShellArgs()
 	out.f("\nWatch it (as root, in another terminal; TLS and a token of %s, which may list EndpointSlices):\n", box.DebugServiceAccount)
-	out.f("  %s%s %s %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, auth, cp)
+	for _, addr := range replicas {
+		out.f("  %s%s %s %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, auth, addr)
+	}
 	out.f("  %s%s %s -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, auth, cp)
 	out.f("  %s%s %s %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, auth, cp)
 	out.f("  %s%s -cacert %s -authority %s %s proxyplane.v1.TableService/ListNodes   # no token: Unauthenticated\n", in, grpcurl, b.CAFile(), b.ServerName(), cp)
@@ -159,6 +170,8 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 		tp.ClientNS(), web.Spec.ClusterIP, box.ServicePort)
 	out.f("  %skubectl --kubeconfig %s get svc,endpointslices -n %s   # if kubectl is installed\n",
 		in, b.APIServer().AdminKubeconfig(), box.Namespace)
+	out.f("\nListNodes lists every node a replica knows (each Node object), connected or not:\n" +
+		"a node whose agent streams from the other replica shows only \"known\": true there.\n")
 	return out.err
 }
 
