@@ -172,6 +172,7 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 		return err // nothing to program: health is unaffected
 	}
 	a.health.Queued(time.Now())
+	metrics.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
 	full := changed == nil || a.needFull
 	if err := a.store.Save(next, changed, changed == nil); err != nil {
 		return fmt.Errorf("persisting table: %w", err)

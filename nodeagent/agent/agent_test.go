@@ -137,8 +137,12 @@ func TestApplyPersistsThenPrograms(t *testing.T) {
 	a := newAgent(r, nil)
 	run(t, a)
 	first := snapshot(entry("a", 1, 80), entry("b", 2, 80))
+	metrics.SyncProxyRulesLastQueuedTimestamp.Set(0)
 	if _, err := a.Apply(context.Background(), first); err != nil {
 		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(metrics.SyncProxyRulesLastQueuedTimestamp); got == 0 {
+		t.Error("sync_proxy_rules_last_queued_timestamp_seconds not set by a queued table")
 	}
 	v1 := first.GetSnapshot().GetVersion()
 	b2 := entry("b", 5, 81)

@@ -14,6 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/proxyplane/proxyplane/nodeagent/metrics"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -86,8 +90,19 @@ func TestHealthEndpoints(t *testing.T) {
 			t.Errorf("%s: %d %v, want 200 with kube-proxy's fields", path, code, body)
 		}
 	}
+	before := testutil.ToFloat64(metrics.ProxyHealthzTotal.WithLabelValues("200"))
 	if _, body := get(fresh, "/healthz"); body["nodeEligible"] != true {
 		t.Errorf("/healthz body %v, want nodeEligible true", body)
+	}
+	if got := testutil.ToFloat64(metrics.ProxyHealthzTotal.WithLabelValues("200")) - before; got != 1 {
+		t.Errorf("kubeproxy_proxy_healthz_total{code=\"200\"} rose by %v, want 1", got)
+	}
+	before = testutil.ToFloat64(metrics.ProxyLivezTotal.WithLabelValues("503"))
+	if code, _ := get(agent.NewHealth(time.Nanosecond, 0), "/livez"); code != http.StatusServiceUnavailable {
+		t.Errorf("stale /livez %d", code)
+	}
+	if got := testutil.ToFloat64(metrics.ProxyLivezTotal.WithLabelValues("503")) - before; got != 1 {
+		t.Errorf("kubeproxy_proxy_livez_total{code=\"503\"} rose by %v, want 1", got)
 	}
 
 	for _, tc := range []struct {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -290,9 +291,9 @@ func healthHandler(h *agent.Health) http.Handler {
 			now := time.Now()
 			st := h.Check(now)
 			body := map[string]any{"lastUpdated": st.LastUpdated.Format(time.RFC3339Nano), "currentTime": now.Format(time.RFC3339Nano)}
-			ok := st.Live
+			ok, counter := st.Live, metrics.ProxyLivezTotal
 			if healthz {
-				ok = st.Healthy
+				ok, counter = st.Healthy, metrics.ProxyHealthzTotal
 				body["nodeEligible"] = st.NodeEligible
 				if !st.ControlPlaneLost.IsZero() {
 					body["controlPlaneLost"] = st.ControlPlaneLost.Format(time.RFC3339Nano)
@@ -300,9 +301,12 @@ func healthHandler(h *agent.Health) http.Handler {
 			}
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
+			code := http.StatusOK
 			if !ok {
-				w.WriteHeader(http.StatusServiceUnavailable)
+				code = http.StatusServiceUnavailable
 			}
+			counter.WithLabelValues(strconv.Itoa(code)).Inc()
+			w.WriteHeader(code)
 			_ = json.NewEncoder(w).Encode(body)
 		}
 	}

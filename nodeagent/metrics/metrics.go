@@ -86,6 +86,25 @@ var (
 		Subsystem: "kubeproxy", Name: "conntrack_reconciler_deleted_entries_total",
 		Help: "Stale UDP conntrack entries deleted after syncs.",
 	})
+	// SyncProxyRulesLastQueuedTimestamp is kube-proxy's metric of the same
+	// name: when a change was last queued to be programmed. With
+	// sync_proxy_rules_last_timestamp_seconds it shows a sync that is
+	// overdue.
+	SyncProxyRulesLastQueuedTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+		Help: "The last time a sync of proxy rules was queued",
+	})
+	// ProxyHealthzTotal and ProxyLivezTotal are kube-proxy's counts of
+	// /healthz and /livez answers, by HTTP status code.
+	ProxyHealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: "kubeproxy", Name: "proxy_healthz_total",
+		Help: "Cumulative proxy healthz HTTP status",
+	}, []string{"code"})
+	// ProxyLivezTotal: see ProxyHealthzTotal.
+	ProxyLivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: "kubeproxy", Name: "proxy_livez_total",
+		Help: "Cumulative proxy livez HTTP status",
+	}, []string{"code"})
 )
 
 // Register registers every metric on r. Call it once per registry.
@@ -93,5 +112,6 @@ func Register(r prometheus.Registerer) {
 	r.MustRegister(SyncProxyRulesDuration, SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration,
 		SyncProxyRulesLastTimestamp, NetworkProgrammingDuration, IPTablesRestoreFailuresTotal,
 		Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal, NFTablesSyncFailuresTotal,
-		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal)
+		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal,
+		SyncProxyRulesLastQueuedTimestamp, ProxyHealthzTotal, ProxyLivezTotal)
 }
