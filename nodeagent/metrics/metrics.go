@@ -94,13 +94,14 @@ var (
 		Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
 		Help: "The last time a sync of proxy rules was queued",
 	})
-	// ProxyHealthzTotal and ProxyLivezTotal are kube-proxy's counts of
-	// /healthz and /livez answers, by HTTP status code.
+	// ProxyHealthzTotal is kube-proxy's count of /healthz answers, by HTTP
+	// status code.
 	ProxyHealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: "kubeproxy", Name: "proxy_healthz_total",
 		Help: "Cumulative proxy healthz HTTP status",
 	}, []string{"code"})
-	// ProxyLivezTotal: see ProxyHealthzTotal.
+	// ProxyLivezTotal is kube-proxy's count of /livez answers, by HTTP
+	// status code.
 	ProxyLivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: "kubeproxy", Name: "proxy_livez_total",
 		Help: "Cumulative proxy livez HTTP status",
