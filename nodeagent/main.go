@@ -4,6 +4,7 @@
 //
 //	nodeagent --control-plane=HOST:PORT [flags]   run the agent
 //	nodeagent show-cache [--state-dir=DIR]        print the cached table
+//	nodeagent --cleanup                           remove every rule it programs
 //	nodeagent --version                           print the version
 package main
 
@@ -46,6 +47,13 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: o.Level()}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if o.Cleanup {
+		if err := app.Cleanup(ctx, o, log); err != nil {
+			log.Error("cleanup failed", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := app.Run(ctx, o, log); err != nil {
 		log.Error("node agent failed", "err", err)
 		os.Exit(1)

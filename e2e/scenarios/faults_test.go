@@ -91,3 +91,46 @@ func (e *env) testAgentKilledMidApply(t *testing.T) {
 		})
 	}
 }
+
+// testCleanup runs `nodeagent --cleanup` in node-2, its agent stopped, as
+// an operator leaving proxyplane (or going back to kube-proxy) would: no
+// proxyplane rule is left in any mode, so node-2's pod no longer reaches
+// web; the agent started again programs everything from its cache.
+func (e *env) testCleanup(t *testing.T) {
+	ctx := e.begin(t)
+	b := e.b
+	tp := b.Topology()
+	web := webService(t, e)
+	a := b.Agents[2]
+	podNS := tp.PodNS(podOn(b, 2))
+	if err := a.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if !a.Running() {
+			_ = a.Start()
+		}
+	}()
+	if out, err := tp.Exec(a.Node.NS(), a.Args()[0], "--cleanup"); err != nil {
+		t.Fatalf("nodeagent --cleanup: %v\n%s", err, out)
+	}
+	for _, table := range []string{"nat", "filter"} {
+		for _, save := range []string{"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save"} {
+			if out, err := tp.Exec(a.Node.NS(), save, "-t", table); err == nil && strings.Contains(string(out), "PP-") {
+				t.Errorf("%s -t %s still lists proxyplane's rules after cleanup:\n%s", save, table, out)
+			}
+		}
+	}
+	if out, err := tp.Exec(a.Node.NS(), "nft", "list", "tables"); err != nil || strings.Contains(string(out), "proxyplane") {
+		t.Errorf("nft list tables after cleanup: %v\n%s", err, out)
+	}
+	if r, err := tp.DialTCP(podNS, box.ClusterAddr(web), probeTimeout); err == nil {
+		t.Fatalf("node-2's pod reached web (%s) with every rule removed", r.Backend)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.DialUntil(ctx, podNS, box.ClusterAddr(web), ""); err != nil {
+		t.Fatalf("node-2 after its agent came back: %v\n%s", err, a.LogTail(20))
+	}
+}

@@ -57,6 +57,7 @@ func TestScenarios(t *testing.T) {
 	t.Run("APIServerRestart", e.testAPIServerRestart)
 	t.Run("NodeBeingDeleted", e.testNodeBeingDeleted)
 	t.Run("AgentKilledMidApply", e.testAgentKilledMidApply)
+	t.Run("Cleanup", e.testCleanup)
 	if insecure {
 		t.Log("E2E_INSECURE=1: the authentication scenarios are skipped")
 	} else {

@@ -27,6 +27,10 @@ import (
 // Options configures the node agent. NewOptions sets the defaults, each
 // with its reason.
 type Options struct {
+	// Cleanup removes every rule proxyplane programs, in every mode, and
+	// exits (kube-proxy's --cleanup): for leaving proxyplane, or going
+	// back to kube-proxy.
+	Cleanup bool
 	// ControlPlanes are the control plane addresses (host:port), tried in
 	// turn. They must not be a Service ClusterIP: the agent must reach the
 	// control plane without the rules it programs.
@@ -126,6 +130,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.BoolVar(&o.Cleanup, "cleanup", o.Cleanup, "Remove every rule proxyplane programs, in every mode and family (iptables chains and jumps, the nftables tables, IPVS virtual servers, addresses and sets), and exit.")
 	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP.")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name (default: $NODE_NAME, else the hostname).")
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory holding the table cache.")
@@ -151,7 +156,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 // Validate reports every invalid option at once.
 func (o *Options) Validate() error {
 	var errs []error
-	if len(o.ControlPlanes) == 0 {
+	if len(o.ControlPlanes) == 0 && !o.Cleanup {
 		errs = append(errs, errors.New("--control-plane is required"))
 	}
 	for _, cp := range o.ControlPlanes {
@@ -186,7 +191,8 @@ func (o *Options) Validate() error {
 	}
 	switch o.DetectLocalMode {
 	case "ClusterCIDR":
-		if len(o.ClusterCIDRs) == 0 {
+		// --cleanup removes rules whatever CIDR they were written for.
+		if len(o.ClusterCIDRs) == 0 && !o.Cleanup {
 			errs = append(errs, errors.New("--detect-local-mode=ClusterCIDR needs --cluster-cidr"))
 		}
 	case "NodeCIDR", "None":

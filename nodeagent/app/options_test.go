@@ -22,6 +22,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"unknown mode", append(base, "--proxy-mode=ebpf"), "--proxy-mode"},
 		{"bad cluster cidr", append(base, "--cluster-cidr=10.244.0.0/33"), "--cluster-cidr"},
 		{"ClusterCIDR mode without cidr", []string{"--control-plane=a:1", "--node-name=n"}, "needs --cluster-cidr"},
+		{"cleanup needs neither control plane nor cidr", []string{"--cleanup", "--node-name=n"}, ""},
 		{"NodeCIDR mode needs no cidr", []string{"--control-plane=a:1", "--node-name=n", "--detect-local-mode=NodeCIDR"}, ""},
 		{"bad local mode", append(base, "--detect-local-mode=Bridge"), "--detect-local-mode"},
 		{"masquerade bit", append(base, "--masquerade-bit=32"), "--masquerade-bit"},

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -213,6 +215,34 @@ var modes = map[string]func(o *Options, s dataplane.Settings, observe dataplane.
 		cfg.Settings, cfg.Scheduler, cfg.Backend = s, o.IPVSScheduler, xtables.Backend(o.IPTablesBackend)
 		return ipvs.New(cfg, observe)
 	},
+}
+
+// Cleanup removes what every mode programs in every family of the node,
+// whichever mode ran before. A mode that cannot run here (no IPVS in the
+// kernel, no iptables tools) cannot have left anything and is skipped,
+// saying why. It returns every failure, joined.
+func Cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
+	var errs []error
+	for _, mode := range slices.Sorted(maps.Keys(modes)) {
+		for _, family := range nodeFamilies(log) {
+			dp, err := modes[mode](o, settingsFor(o, family), nil)
+			if err != nil {
+				log.Info("nothing to clean up", "mode", mode, "family", family, "why", err)
+				continue
+			}
+			c, ok := dp.(interface{ Cleanup(context.Context) error })
+			if !ok {
+				errs = append(errs, fmt.Errorf("%s %s dataplane cannot clean up", family, mode))
+				continue
+			}
+			if err := c.Cleanup(ctx); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			log.Info("cleaned up", "mode", mode, "family", family)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // newDataplane builds one dataplane of the selected mode per IP family.

@@ -52,6 +52,14 @@ type DriftChecker interface {
 	Drifted(ctx context.Context) (bool, error)
 }
 
+// Cleaner is implemented by a Backend that can remove everything it and
+// earlier runs programmed, for the agent's --cleanup (kube-proxy's): a
+// node leaving proxyplane, or going back to kube-proxy. Cleanup is
+// idempotent and leaves other programs' rules alone.
+type Cleaner interface {
+	Cleanup(ctx context.Context) error
+}
+
 // SyncResult describes one sync a Driver ran, for metrics and logs.
 type SyncResult struct {
 	// Mode and Family name the dataplane, as Driver's constructor was
@@ -107,6 +115,21 @@ func NewDriver(b Backend, mode string, family Family, observe Observer) *Driver 
 // Backend returns the Backend the Driver runs, for debugging endpoints
 // and tests that look inside it.
 func (d *Driver) Backend() Backend { return d.b }
+
+// Cleanup removes everything the backend programs (it must be a Cleaner)
+// and forgets it: a later sync is full.
+func (d *Driver) Cleanup(ctx context.Context) error {
+	c, ok := d.b.(Cleaner)
+	if !ok {
+		return fmt.Errorf("the %s dataplane cannot clean up", d.mode)
+	}
+	d.synced = false
+	d.b.Forget()
+	if err := c.Cleanup(ctx); err != nil {
+		return fmt.Errorf("cleaning up %v %s rules: %w", d.family, d.mode, err)
+	}
+	return nil
+}
 
 // Sync implements Dataplane. A partial sync becomes full before the first
 // successful sync, after a failed one, and when the backend's fingerprint

@@ -74,7 +74,17 @@ type engine struct {
 	jumpsOK bool
 }
 
-var _ dataplane.Backend = (*engine)(nil)
+var (
+	_ dataplane.Backend = (*engine)(nil)
+	_ dataplane.Cleaner = (*engine)(nil)
+)
+
+// Cleanup implements dataplane.Cleaner: it deletes every PP- chain and
+// the jumps to them from the nat and filter tables of both backends.
+func (e *engine) Cleanup(ctx context.Context) error {
+	e.jumpsOK = false
+	return e.tools.Cleanup(ctx)
+}
 
 // Prepare implements dataplane.Backend: it detects the backend at the
 // first call, and resolves the parameters every rule depends on (the

@@ -185,6 +185,32 @@ func testKernel(t *testing.T, backend xtables.Backend) {
 		dptest.SpreadOver(t, tp, cl, "[fd00:96::100]:80", 40, both...)
 		dptest.SpreadOver(t, tp, node, "[fd00:96::100]:80", 40, both...)
 	})
+
+	t.Run("cleanup removes every chain and jump, then a sync restores them", func(t *testing.T) {
+		ctx := context.Background()
+		for range 2 { // idempotent
+			if err := d.Cleanup(ctx); err != nil {
+				t.Fatalf("Cleanup: %v", err)
+			}
+		}
+		for _, table := range []string{"nat", "filter"} {
+			out, err := tp.Exec(node, xtables.BinariesOf(dataplane.IPv4, backend).Save, "-t", table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Contains(string(out), "PP-") {
+				t.Errorf("%s still holds proxyplane's rules after cleanup:\n%s", table, out)
+			}
+		}
+		if r, err := tp.DialTCP(cl, "10.96.0.90:80", dptest.DropTimeout); err == nil {
+			t.Fatalf("service answers (%+v) after cleanup", r)
+		}
+		k.Sync(false, services["web"], services["added"])
+		if !last.Full {
+			t.Errorf("the sync after a cleanup was partial: %+v", last)
+		}
+		dptest.SpreadOver(t, tp, cl, "10.96.0.90:80", 5, "pod-1")
+	})
 }
 
 // TestKernelProductionPath runs the Dataplane without a command prefix

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
@@ -134,7 +135,56 @@ type engine struct {
 	applied *kernelState
 }
 
-var _ dataplane.Backend = (*engine)(nil)
+var (
+	_ dataplane.Backend = (*engine)(nil)
+	_ dataplane.Cleaner = (*engine)(nil)
+)
+
+// Cleanup implements dataplane.Cleaner. It deletes the family's virtual
+// servers (but those in ExcludeCIDRs, which other programs own) and the
+// addresses on the dummy link, then the PP- chains and jumps of both
+// iptables backends, and last the family's sets, which those rules
+// matched on. It carries on past a failure and returns them all.
+func (e *engine) Cleanup(ctx context.Context) error {
+	var errs []error
+	vss, err := e.k.ipvs.VirtualServers()
+	if err != nil {
+		errs = append(errs, kernelOp("list", "virtual servers", "", err))
+	}
+	exclude := e.cfg.Family.Prefixes(e.cfg.ExcludeCIDRs)
+	for _, vs := range vss {
+		if e.cfg.Family.Has(vs.Addr) && !slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
+			errs = append(errs, kernelOp("delete", "virtual server", vs.key().String(), e.k.ipvs.DeleteVirtualServer(vs)))
+		}
+	}
+	addrs, err := e.k.links.LinkAddrs(e.cfg.Interface, e.cfg.Family)
+	errs = append(errs, kernelOp("list addresses of", e.cfg.Interface, "", err))
+	for _, a := range addrs {
+		errs = append(errs, kernelOp("delete address", a.String(), "", e.k.links.DelAddr(e.cfg.Interface, a)))
+	}
+	errs = append(errs, xtables.CleanupAll(ctx, e.k.iptables))
+	errs = append(errs, e.destroySets(ctx))
+	return errors.Join(errs...)
+}
+
+// destroySets destroys those of the family's sets that exist.
+func (e *engine) destroySets(ctx context.Context) error {
+	out, err := e.k.ipset.Save(ctx)
+	if err != nil {
+		return err
+	}
+	var in strings.Builder
+	for id := range numSets {
+		name := setName(e.cfg.Family, id)
+		if strings.Contains(string(out), "create "+name+" ") {
+			in.WriteString("flush " + name + "\ndestroy " + name + "\n")
+		}
+	}
+	if in.Len() == 0 {
+		return nil
+	}
+	return e.k.ipset.Restore(ctx, []byte(in.String()))
+}
 
 // kernelState is what the kernel holds (or, after a successful sync, is
 // known to hold) of one family.

@@ -292,9 +292,9 @@ func (f *fakeLinks) link(name string) (*fakeLink, error) {
 }
 
 func (f *fakeLinks) LinkAddrs(name string, family dataplane.Family) ([]netip.Addr, error) {
-	l, err := f.link(name)
-	if err != nil {
-		return nil, err
+	l, ok := f.links[name]
+	if !ok {
+		return nil, nil
 	}
 	var out []netip.Addr
 	for a := range l.addrs {
@@ -446,6 +446,15 @@ func (f *fakeIPSet) apply(line string) error {
 		s.members[fields[2]] = fields[0] == "add"
 		if fields[0] == "del" {
 			delete(s.members, fields[2])
+		}
+	case "flush", "destroy":
+		if s == nil {
+			return fmt.Errorf("the set with the given name does not exist")
+		}
+		if fields[0] == "destroy" {
+			delete(f.sets, name)
+		} else {
+			clear(s.members)
 		}
 	default:
 		return fmt.Errorf("unsupported command %q", fields[0])
@@ -605,6 +614,26 @@ func (f *fakeIPTables) Restore(_ context.Context, data []byte, flags ...string) 
 				return refuse(n, "must not declare built-in chain %s", c)
 			}
 			cur[c] = nil // create or flush
+		case strings.HasPrefix(line, "-D "):
+			c, rest, _ := strings.Cut(line[3:], " ")
+			i := slices.Index(cur[c], rest)
+			if i < 0 {
+				return refuse(n, "delete of a missing rule %q in %s", rest, c)
+			}
+			cur[c] = slices.Delete(slices.Clone(cur[c]), i, i+1)
+		case strings.HasPrefix(line, "-X "):
+			c := strings.TrimSpace(line[3:])
+			if len(cur[c]) > 0 {
+				return refuse(n, "delete of non-empty chain %s", c)
+			}
+			for other, rules := range cur {
+				for _, r := range rules {
+					if dptest.RuleTarget(r) == c {
+						return refuse(n, "delete of chain %s, which %s still jumps to", c, other)
+					}
+				}
+			}
+			delete(cur, c)
 		case strings.HasPrefix(line, "-A "):
 			c, rest, _ := strings.Cut(line[3:], " ")
 			if _, ok := cur[c]; !ok {

@@ -136,7 +136,8 @@ type linkKernel interface {
 	// up. Idempotent. ErrNoDummyLink (wrapped) when the kernel has no
 	// dummy link type.
 	EnsureLink(name string) error
-	// LinkAddrs lists the addresses of family on link name.
+	// LinkAddrs lists the addresses of family on link name; none when the
+	// link does not exist.
 	LinkAddrs(name string, family dataplane.Family) ([]netip.Addr, error)
 	// AddAddr binds a as a host address (/32 or /128) to link name.
 	// Idempotent: an address already bound is not an error.

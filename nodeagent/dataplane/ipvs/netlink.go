@@ -237,6 +237,10 @@ func (l *netlinkLinks) EnsureLink(name string) error {
 // LinkAddrs implements linkKernel.
 func (l *netlinkLinks) LinkAddrs(name string, family dataplane.Family) ([]netip.Addr, error) {
 	link, err := l.h.LinkByName(name)
+	var missing netlink.LinkNotFoundError
+	if errors.As(err, &missing) {
+		return nil, nil // a link that is not there holds no address
+	}
 	if err != nil {
 		return nil, fmt.Errorf("finding link %s: %w", name, err)
 	}

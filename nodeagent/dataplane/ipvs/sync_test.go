@@ -556,3 +556,44 @@ func TestSyncsObserved(t *testing.T) {
 		t.Errorf("%d virtual servers, %d real servers, %d draining; want 2, 8, 0", vss, rss, draining)
 	}
 }
+
+// TestCleanup checks --cleanup's part in IPVS mode: after it no virtual
+// server, service address, PP- chain, jump or set of either family is
+// left, excluded virtual servers stay, a second run finds nothing to do,
+// and a sync afterwards programs everything again.
+func TestCleanup(t *testing.T) {
+	n := newNode(t, 0, func(c *Config) { c.ExcludeCIDRs = []string{"10.200.0.0/16"} })
+	services := flowCases[0].services(0)
+	n.mustSync(true, services...)
+	other := VirtualServer{Addr: netip.MustParseAddr("10.200.0.1"), Port: 80, Protocol: TCP, Scheduler: "rr"}
+	if err := n.kern.ipvs.AddVirtualServer(other); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
+			if err := n.dps[f].Cleanup(context.Background()); err != nil {
+				t.Fatalf("%v Cleanup: %v", f, err)
+			}
+		}
+		for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
+			if vss, _, _ := n.kern.ipvs.count(f); f == dataplane.IPv4 && vss != 1 || f == dataplane.IPv6 && vss != 0 {
+				t.Errorf("%v: %d virtual servers left, want only the excluded one", f, vss)
+			}
+			if addrs, _ := n.kern.links.LinkAddrs(DefaultInterface, f); len(addrs) != 0 {
+				t.Errorf("%v: addresses %v left on %s", f, addrs, DefaultInterface)
+			}
+			for _, table := range []string{"nat", "filter"} {
+				if dump := n.kern.iptables[f].dump(table); strings.Contains(dump, "PP-") {
+					t.Errorf("%v %s still holds proxyplane's rules:\n%s", f, table, dump)
+				}
+			}
+			if dump := n.kern.ipset.dump(f); dump != "" {
+				t.Errorf("%v sets left:\n%s", f, dump)
+			}
+		}
+	}
+	n.mustSync(false, services...) // the Driver forgot: this sync is full
+	if vss, rss, _ := n.kern.ipvs.count(dataplane.IPv4); vss != 3 || rss != 8 {
+		t.Errorf("after a sync: %d virtual servers, %d real servers; want the excluded one and 2 with 8", vss, rss)
+	}
+}

@@ -159,6 +159,25 @@ func nextGen(g uint32) uint32 {
 	return g + 1
 }
 
+// Cleanup implements dataplane.Cleaner: it deletes the family's table,
+// and with it every chain, map and set in it, in one transaction.
+func (b *backend) Cleanup(ctx context.Context) error {
+	existing, err := b.k.List(ctx)
+	if err != nil {
+		return fmt.Errorf("listing the table: %w", err)
+	}
+	if existing == nil {
+		return nil
+	}
+	tx := &transaction{}
+	tx.add(op{kind: opDeleteTable})
+	if err := b.k.Run(ctx, tx); err != nil {
+		return err
+	}
+	b.last = nil
+	return nil
+}
+
 // Forget implements dataplane.Backend: the next full sync lists the table.
 func (b *backend) Forget() {
 	b.state, b.genOK = nil, false

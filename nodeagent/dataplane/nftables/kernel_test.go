@@ -505,3 +505,40 @@ func TestKernelGen(t *testing.T) {
 		t.Fatalf("generation %d after another commit, want %d", g, nextGen(nextGen(g0)))
 	}
 }
+
+// TestKernelCleanup checks --cleanup's part in nftables mode: the table
+// goes with everything in it, a second cleanup finds nothing to do, and
+// the next sync, full, programs it all again.
+func TestKernelCleanup(t *testing.T) {
+	requireKernel(t)
+	tp := nstest.New(t, nstest.Options{Pods: 1})
+	tp.ServeTCP(0, 8080)
+	node, cl := tp.NodeNS(), tp.ClientNS()
+	web := dptest.Svc("ns", "web", "10.96.0.10")
+	web.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
+	web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
+	rec := &dptest.Recorder{}
+	d, err := New(kernelConfig(tp, dataplane.IPv4), rec.Observe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dptest.NewDriver(t, d)
+	k.Sync(true, web)
+	dptest.SpreadOver(t, tp, cl, "10.96.0.10:80", 3, "pod-0")
+	for range 2 {
+		if err := d.Cleanup(context.Background()); err != nil {
+			t.Fatalf("Cleanup: %v", err)
+		}
+	}
+	if out, err := tp.Exec(node, "nft", "list", "table", "ip", TableName); err == nil {
+		t.Fatalf("the table survived cleanup:\n%s", out)
+	}
+	if _, err := tp.DialTCP(cl, "10.96.0.10:80", dptest.DropTimeout); err == nil {
+		t.Fatal("the service answers after cleanup")
+	}
+	k.Sync(false, web)
+	if !rec.Last(t).Full {
+		t.Errorf("the sync after a cleanup was partial: %+v", rec.Last(t))
+	}
+	dptest.SpreadOver(t, tp, cl, "10.96.0.10:80", 3, "pod-0")
+}

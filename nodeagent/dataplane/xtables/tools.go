@@ -41,3 +41,7 @@ func (t *Tools) Runner(ctx context.Context) (Runner, error) {
 
 // Backend returns the backend in use; "" until Runner detected it.
 func (t *Tools) Backend() Backend { return t.backend }
+
+// Cleanup removes the dataplane's chains from every backend it has a
+// runner for (see CleanupAll), whichever one it uses.
+func (t *Tools) Cleanup(ctx context.Context) error { return CleanupAll(ctx, t.runners) }
