@@ -5,14 +5,16 @@ package app
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/proxyplane/proxyplane/internal/cli"
 
 	"github.com/proxyplane/proxyplane/controlplane/auth"
 	"github.com/proxyplane/proxyplane/controlplane/limit"
@@ -43,8 +45,8 @@ type Options struct {
 	// KeepaliveInterval, KeepaliveTimeout, WriteTimeout and AckTimeout: see
 	// server.Options.
 	KeepaliveInterval, KeepaliveTimeout, WriteTimeout, AckTimeout time.Duration
-	// LogLevel is debug, info, warn or error.
-	LogLevel string
+	// Logging is the logging flags: --log-level, --v, --logging-format.
+	Logging cli.Logging
 
 	// Insecure serves plaintext without authentication: for tests only.
 	Insecure bool
@@ -113,7 +115,7 @@ func NewOptions() *Options {
 		KeepaliveTimeout:        server.DefaultKeepaliveTimeout,
 		WriteTimeout:            server.DefaultWriteTimeout,
 		AckTimeout:              server.DefaultAckTimeout,
-		LogLevel:                "info",
+		Logging:                 cli.DefaultLogging(),
 		// The CA and its bundle live next to the control plane, where its
 		// Role grants access to them.
 		Namespace:           defaultNamespace(),
@@ -143,7 +145,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.KeepaliveTimeout, "keepalive-timeout", o.KeepaliveTimeout, "Close a stream whose agent sent nothing for this long.")
 	fs.DurationVar(&o.WriteTimeout, "write-timeout", o.WriteTimeout, "Close a stream whose agent does not take a message within this time.")
 	fs.DurationVar(&o.AckTimeout, "ack-timeout", o.AckTimeout, "Close a stream whose agent neither ACKs nor NACKs a table within this time.")
-	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
+	o.Logging.AddFlags(fs)
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "Serve plaintext and let any client read any node's table: for tests only.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", o.TLSCertFile, "Serving certificate (PEM), reloaded when it changes; unset, one is issued from the CA in the Secret proxyplane-ca of --namespace.")
 	fs.StringVar(&o.TLSKeyFile, "tls-private-key-file", o.TLSKeyFile, "Private key (PEM) of --tls-cert-file.")
@@ -198,9 +200,8 @@ func (o *Options) Validate() error {
 	if o.MaxStreamsPerConnection < 1 {
 		errs = append(errs, errors.New("--max-streams-per-connection must be at least 1"))
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(o.LogLevel)); err != nil {
-		errs = append(errs, fmt.Errorf("--log-level %q: %w", o.LogLevel, err))
+	if err := o.Logging.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(append(errs, o.validateSecurity()...)...)
 }
@@ -246,11 +247,4 @@ func (o *Options) validateSecurity() []error {
 		errs = append(errs, errors.New("--peer-rate must not be negative and --peer-burst must be at least 1"))
 	}
 	return errs
-}
-
-// Level returns the parsed log level; call after Validate.
-func (o *Options) Level() slog.Level {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(o.LogLevel))
-	return lvl
 }

@@ -23,6 +23,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"no pending changes", []string{"--max-pending-changes=0"}, "--max-pending-changes"},
 		{"tiny messages", []string{"--max-send-message-bytes=10"}, "at least 1 MiB"},
 		{"bad log level", []string{"--log-level=loud"}, "--log-level"},
+		{"bad logging format", []string{"--logging-format=yaml"}, "--logging-format"},
 		{"certificate files", []string{"--tls-cert-file=a", "--tls-private-key-file=b"}, ""},
 		{"certificate without key", []string{"--tls-cert-file=a"}, "go together"},
 		{"insecure with a certificate", []string{"--insecure", "--tls-cert-file=a", "--tls-private-key-file=b"}, "--insecure serves no certificate"},

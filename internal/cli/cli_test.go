@@ -50,3 +50,47 @@ func TestVersion(t *testing.T) {
 		t.Error("Version without a stamp is empty, want the build's or dev")
 	}
 }
+
+func TestLogging(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		level string
+		json  bool
+		err   string
+	}{
+		{nil, "INFO", false, ""},
+		{[]string{"--v=2"}, "INFO", false, ""},
+		{[]string{"--v=4"}, "DEBUG", false, ""},
+		{[]string{"--log-level=warn"}, "WARN", false, ""},
+		{[]string{"--log-level=warn", "--v=0"}, "INFO", false, ""},
+		{[]string{"--logging-format=json"}, "INFO", true, ""},
+		{[]string{"--logging-format=yaml"}, "", false, "--logging-format"},
+		{[]string{"--log-level=loud"}, "", false, "--log-level"},
+		{[]string{"--v=-2"}, "", false, "--v"},
+	} {
+		l := DefaultLogging()
+		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+		l.AddFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := l.Validate()
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: Validate = %v, want it to name %s", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if got := l.Leveled().String(); got != tc.level {
+			t.Errorf("%q: level %s, want %s", tc.args, got, tc.level)
+		}
+		var b bytes.Buffer
+		l.Logger(&b).Warn("hello")
+		if isJSON := strings.HasPrefix(b.String(), "{"); isJSON != tc.json {
+			t.Errorf("%q: wrote %q, want JSON %v", tc.args, b.String(), tc.json)
+		}
+	}
+}

@@ -6,7 +6,6 @@ package app
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -17,6 +16,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/proxyplane/proxyplane/internal/cli"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -67,8 +68,8 @@ type Options struct {
 	FailbackInterval time.Duration
 	// IPTablesBackend is auto, nft or legacy.
 	IPTablesBackend string
-	// LogLevel is debug, info, warn or error.
-	LogLevel string
+	// Logging is the logging flags: --log-level, --v, --logging-format.
+	Logging cli.Logging
 	// Insecure dials the control plane in plaintext without a token: for
 	// tests only.
 	Insecure bool
@@ -114,7 +115,7 @@ func NewOptions() *Options {
 		// within the hour. /livez never fails for it.
 		ControlPlaneTimeout: 30 * time.Minute,
 		IPTablesBackend:     "auto",
-		LogLevel:            "info",
+		Logging:             cli.DefaultLogging(),
 		// Where deploy/nodeagent.yaml mounts the proxyplane-ca ConfigMap,
 		// which the control plane publishes with the CA it bootstraps.
 		CAFile: "/var/run/proxyplane/ca/ca.crt",
@@ -146,7 +147,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ControlPlaneTimeout, "control-plane-timeout", o.ControlPlaneTimeout, "How long /healthz stays healthy while no control plane answers (the rules in force keep forwarding; /livez is unaffected); 0 forever, as kube-proxy never fails for the API server's absence.")
 	fs.DurationVar(&o.FailbackInterval, "failback-interval", o.FailbackInterval, "How often an agent streaming from a replica other than its preferred one checks whether the preferred one serves again, and returns to it; 0 never.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
-	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "Log level: debug, info, warn or error.")
+	o.Logging.AddFlags(fs)
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "PEM bundle the control plane's serving certificate must chain to; read on every connect.")
 	fs.StringVar(&o.TLSServerName, "tls-server-name", o.TLSServerName, "Name the control plane's serving certificate must carry.")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "Bearer token proving this node to the control plane (a projected ServiceAccount token); read on every connect.")
@@ -216,9 +217,8 @@ func (o *Options) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--iptables-backend %q: want auto, nft or legacy", o.IPTablesBackend))
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(o.LogLevel)); err != nil {
-		errs = append(errs, fmt.Errorf("--log-level %q: %w", o.LogLevel, err))
+	if err := o.Logging.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if !o.Insecure {
 		// The files themselves may appear later (the agent retries); their
@@ -233,13 +233,6 @@ func (o *Options) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Level returns the parsed log level; call after Validate.
-func (o *Options) Level() slog.Level {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(o.LogLevel))
-	return lvl
 }
 
 // CachePath is where the table cache lives.

@@ -28,6 +28,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"masquerade bit", append(base, "--masquerade-bit=32"), "--masquerade-bit"},
 		{"short sync period", append(base, "--sync-period=10ms"), "--sync-period"},
 		{"negative failback interval", append(base, "--failback-interval=-1s"), "--failback-interval"},
+		{"bad logging format", append(base, "--logging-format=yaml"), "--logging-format"},
 		{"bad backend", append(base, "--iptables-backend=xt"), "--iptables-backend"},
 		{"bad healthz address", append(base, "--healthz-bind-address=10256"), "--healthz-bind-address"},
 		{"relative ca file", append(base, "--ca-file=ca.crt"), "--ca-file"},

@@ -227,7 +227,7 @@ func Cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 		for _, family := range nodeFamilies(log) {
 			dp, err := modes[mode](o, settingsFor(o, family), nil)
 			if err != nil {
-				log.Info("nothing to clean up", "mode", mode, "family", family, "why", err)
+				log.Info("nothing to clean up", "mode", mode, "family", family.String(), "why", err)
 				continue
 			}
 			c, ok := dp.(interface{ Cleanup(context.Context) error })
@@ -239,7 +239,7 @@ func Cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 				errs = append(errs, err)
 				continue
 			}
-			log.Info("cleaned up", "mode", mode, "family", family)
+			log.Info("cleaned up", "mode", mode, "family", family.String())
 		}
 	}
 	return errors.Join(errs...)
