@@ -90,6 +90,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "Bearer tokens, one line per agent in agent order (with --ca-file).")
 }
 
+// Limits implements contract.ChildOptions: one connection per simulated agent.
+func (o *Options) Limits() (int, time.Duration) { return o.Nodes, o.Lifetime }
+
 // Validate reports every invalid option at once.
 func (o *Options) Validate() error {
 	var errs []error

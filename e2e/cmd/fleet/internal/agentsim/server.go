@@ -11,10 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/spf13/pflag"
-
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
-	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
 )
 
 // Main runs the agents' process: it parses args, prints the ready line
@@ -22,18 +19,10 @@ import (
 // lifetime passes.
 func Main(ctx context.Context, args []string, stdout io.Writer) error {
 	o := NewOptions()
-	fs := pflag.NewFlagSet("agents", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("parsing flags: %w", err)
-	}
-	if err := o.Validate(); err != nil {
+	ctx, cancel, err := contract.StartChild(ctx, "agents", args, o)
+	if err != nil {
 		return err
 	}
-	if err := procfs.RaiseNoFile(uint64(o.Nodes) + 4096); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.Lifetime)
 	defer cancel()
 	creds, err := loadCredentials(o)
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
-	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 )
 
@@ -55,6 +54,9 @@ func (o *ClientsOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Lifetime, "lifetime", o.Lifetime, "Exit after this long in any case.")
 }
 
+// Limits implements contract.ChildOptions: one connection per client.
+func (o *ClientsOptions) Limits() (int, time.Duration) { return o.Clients, o.Lifetime }
+
 // Validate reports every invalid option at once.
 func (o *ClientsOptions) Validate() error {
 	var errs []error
@@ -83,18 +85,10 @@ const maxRecvMessageBytes = 64 << 20
 // until ctx ends or the lifetime passes.
 func ClientsMain(ctx context.Context, args []string, stdout io.Writer) error {
 	o := newClientsOptions()
-	fs := pflag.NewFlagSet("floor-clients", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("parsing flags: %w", err)
-	}
-	if err := o.Validate(); err != nil {
+	ctx, cancel, err := contract.StartChild(ctx, "floor-clients", args, o)
+	if err != nil {
 		return err
 	}
-	if err := procfs.RaiseNoFile(uint64(o.Clients) + 4096); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.Lifetime)
 	defer cancel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

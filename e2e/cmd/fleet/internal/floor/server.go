@@ -18,7 +18,6 @@ import (
 
 	cpserver "github.com/proxyplane/proxyplane/controlplane/server"
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
-	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
 )
 
 // errRunning refuses a run while another is in progress.
@@ -52,6 +51,9 @@ func (o *ServerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Lifetime, "lifetime", o.Lifetime, "Exit after this long in any case.")
 }
 
+// Limits implements contract.ChildOptions: one connection per stream at most.
+func (o *ServerOptions) Limits() (int, time.Duration) { return o.MaxStreams, o.Lifetime }
+
 // Validate reports every invalid option at once.
 func (o *ServerOptions) Validate() error {
 	var errs []error
@@ -69,18 +71,10 @@ func (o *ServerOptions) Validate() error {
 // endpoint until ctx ends or the lifetime passes.
 func ServerMain(ctx context.Context, args []string, stdout io.Writer) error {
 	o := newServerOptions()
-	fs := pflag.NewFlagSet("floor-server", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("parsing flags: %w", err)
-	}
-	if err := o.Validate(); err != nil {
+	ctx, cancel, err := contract.StartChild(ctx, "floor-server", args, o)
+	if err != nil {
 		return err
 	}
-	if err := procfs.RaiseNoFile(uint64(o.MaxStreams) + 4096); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.Lifetime)
 	defer cancel()
 
 	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")

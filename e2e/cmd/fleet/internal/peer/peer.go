@@ -76,6 +76,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.Lifetime, "lifetime", o.Lifetime, "Exit after this long in any case.")
 }
 
+// Limits implements contract.ChildOptions: one connection per informer set.
+func (o *Options) Limits() (int, time.Duration) { return o.Sets, o.Lifetime }
+
 // Validate reports every invalid option at once.
 func (o *Options) Validate() error {
 	var errs []error

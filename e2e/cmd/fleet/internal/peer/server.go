@@ -9,10 +9,7 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/spf13/pflag"
-
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
-	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
 )
 
 // Main runs the peer's process: it starts every set at once (spread over
@@ -20,18 +17,10 @@ import (
 // until ctx ends or the lifetime passes.
 func Main(ctx context.Context, args []string, stdout io.Writer) error {
 	o := NewOptions()
-	fs := pflag.NewFlagSet("peer", pflag.ContinueOnError)
-	o.AddFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return fmt.Errorf("parsing flags: %w", err)
-	}
-	if err := o.Validate(); err != nil {
+	ctx, cancel, err := contract.StartChild(ctx, "peer", args, o)
+	if err != nil {
 		return err
 	}
-	if err := procfs.RaiseNoFile(uint64(o.Sets) + 4096); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.Lifetime)
 	defer cancel()
 	p, err := newPeer(o)
 	if err != nil {
