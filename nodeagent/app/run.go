@@ -230,7 +230,7 @@ func Cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
 				log.Info("nothing to clean up", "mode", mode, "family", family.String(), "why", err)
 				continue
 			}
-			c, ok := dp.(interface{ Cleanup(context.Context) error })
+			c, ok := dp.(dataplane.Cleaner) // the Driver of each mode is one
 			if !ok {
 				errs = append(errs, fmt.Errorf("%s %s dataplane cannot clean up", family, mode))
 				continue

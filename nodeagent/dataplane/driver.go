@@ -54,8 +54,9 @@ type DriftChecker interface {
 
 // Cleaner is implemented by a Backend that can remove everything it and
 // earlier runs programmed, for the agent's --cleanup (kube-proxy's): a
-// node leaving proxyplane, or going back to kube-proxy. Cleanup is
-// idempotent and leaves other programs' rules alone.
+// node leaving proxyplane, or going back to kube-proxy; and by the Driver,
+// which runs it. Cleanup is idempotent and leaves other programs' rules
+// alone.
 type Cleaner interface {
 	Cleanup(ctx context.Context) error
 }
