@@ -120,6 +120,11 @@ type Settings struct {
 	// net.netfilter.nf_conntrack_tcp_be_liberal: then INVALID packets need
 	// not be dropped on forwarding (kube-proxy checks the same sysctl).
 	ConntrackTCPBeLiberal bool
+	// LocalhostNodePorts accepts NodePorts on the node's IPv4 loopback
+	// addresses, as kube-proxy's iptables.localhostNodePorts: the iptables
+	// dataplane then needs route_localnet=1 and drops the martians it lets
+	// in. Other dataplanes and IPv6 have no localhost NodePorts.
+	LocalhostNodePorts bool
 	// NoRandomFully masquerades without fully-random source ports, for
 	// iptables older than 1.6.2 or kernels without
 	// NF_NAT_RANGE_PROTO_RANDOM_FULLY.
