@@ -1,6 +1,9 @@
 // Command controlplane is proxyplane's control plane: it watches Services,
 // EndpointSlices and Nodes once and serves each node agent its proxy table
 // over gRPC.
+//
+//	controlplane [flags]                     run the control plane
+//	controlplane status --server=HOST:PORT   print every node's sync state (controlplane status --help)
 package main
 
 import (
@@ -13,15 +16,26 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/proxyplane/proxyplane/controlplane/app"
+	"github.com/proxyplane/proxyplane/controlplane/status"
 	"github.com/proxyplane/proxyplane/internal/cli"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := status.Main(ctx, os.Args[2:], cli.Version(""), os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
 	o := app.NewOptions()
 	fs := pflag.NewFlagSet("controlplane", pflag.ContinueOnError)
 	o.AddFlags(fs)
 	if exit, code := cli.Parse(fs, os.Args[1:], cli.Version(""), os.Stdout, os.Stderr); exit {
 		os.Exit(code)
+	}
+	if err := o.Complete(fs); err != nil {
+		fmt.Fprintf(os.Stderr, "controlplane: %v\n", err)
+		os.Exit(1)
 	}
 	if err := o.Validate(); err != nil {
 		os.Exit(cli.Usage(fs, os.Stderr, fmt.Errorf("invalid flags:\n%w", err)))

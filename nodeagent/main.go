@@ -5,6 +5,7 @@
 //	nodeagent --control-plane=HOST:PORT [flags]   run the agent
 //	nodeagent show-cache [--state-dir=DIR]        print the cached table
 //	nodeagent --cleanup                           remove every rule it programs
+//	nodeagent --init-only [--config=FILE]         set the conntrack sysctls
 //	nodeagent --version                           print the version
 package main
 
@@ -40,12 +41,25 @@ func main() {
 		}
 		return
 	}
+	loaded, err := o.Complete(fs)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nodeagent: %v\n", err)
+		os.Exit(1)
+	}
 	if err := o.Validate(); err != nil {
 		os.Exit(cli.Usage(fs, os.Stderr, fmt.Errorf("invalid flags:\n%w", err)))
 	}
 	log := o.Logging.Logger(os.Stderr)
+	loaded.Log(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if o.InitOnly {
+		if err := app.InitOnly(ctx, o, log); err != nil {
+			log.Error("init failed", "err", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if o.Cleanup {
 		if err := app.Cleanup(ctx, o, log); err != nil {
 			log.Error("cleanup failed", "err", err)

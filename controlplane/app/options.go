@@ -12,11 +12,13 @@ import (
 
 	"github.com/spf13/pflag"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/proxyplane/proxyplane/internal/cli"
 
 	"github.com/proxyplane/proxyplane/controlplane/auth"
+	"github.com/proxyplane/proxyplane/controlplane/config"
 	"github.com/proxyplane/proxyplane/controlplane/limit"
 	"github.com/proxyplane/proxyplane/controlplane/server"
 )
@@ -24,6 +26,9 @@ import (
 // Options configures the control plane. Defaults are set by NewOptions,
 // each with its reason.
 type Options struct {
+	// ConfigFile is a ControlPlaneConfiguration; flags given on the
+	// command line win over it.
+	ConfigFile string
 	// Kubeconfig is the path of a kubeconfig file; empty means in-cluster.
 	Kubeconfig string
 	// GRPCAddress is where agents connect.
@@ -133,6 +138,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "A ControlPlaneConfiguration file (controlplane.proxyplane.io/v1alpha1); flags given on the command line win over it.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; empty for in-cluster configuration.")
 	fs.StringVar(&o.GRPCAddress, "grpc-address", o.GRPCAddress, "Address (host:port) on which agents connect.")
 	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address (host:port) serving /metrics, /healthz and /readyz.")
@@ -160,6 +166,107 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Connections open at once; more are closed as they are accepted.")
 	fs.Float64Var(&o.PeerRate, "peer-rate", o.PeerRate, "New connections and calls per second allowed from one peer address after --peer-burst; 0 for no limit.")
 	fs.IntVar(&o.PeerBurst, "peer-burst", o.PeerBurst, "New connections and calls one peer address may open at once.")
+}
+
+// Complete applies --config, if given, under the flags set on the command
+// line: the file replaces the defaults, the command line replaces the
+// file. fs is the parsed flag set AddFlags registered on.
+func (o *Options) Complete(fs *pflag.FlagSet) error {
+	if o.ConfigFile == "" {
+		return nil
+	}
+	c, err := config.Load(o.ConfigFile)
+	if err != nil {
+		return err
+	}
+	// Note the command line's values, apply the file, then set them again.
+	type given struct {
+		f     *pflag.Flag
+		value string
+		slice []string
+	}
+	var cmdline []given
+	fs.Visit(func(f *pflag.Flag) {
+		g := given{f: f, value: f.Value.String()}
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			g.slice = sv.GetSlice()
+		}
+		cmdline = append(cmdline, g)
+	})
+	o.applyFile(c)
+	for _, g := range cmdline {
+		if sv, ok := g.f.Value.(pflag.SliceValue); ok {
+			err = sv.Replace(g.slice)
+		} else {
+			err = g.f.Value.Set(g.value)
+		}
+		if err != nil {
+			return fmt.Errorf("setting --%s again over %s: %w", g.f.Name, o.ConfigFile, err)
+		}
+	}
+	return nil
+}
+
+// applyFile sets every option c sets.
+func (o *Options) applyFile(c *config.ControlPlaneConfiguration) {
+	set(&o.Kubeconfig, c.Kubeconfig)
+	set(&o.GRPCAddress, c.GRPCAddress)
+	set(&o.MetricsAddress, c.MetricsAddress)
+	for _, d := range []struct {
+		to   *time.Duration
+		from *metav1.Duration
+	}{
+		{&o.ResyncPeriod, c.ResyncPeriod},
+		{&o.KeepaliveInterval, c.KeepaliveInterval},
+		{&o.KeepaliveTimeout, c.KeepaliveTimeout},
+		{&o.WriteTimeout, c.WriteTimeout},
+		{&o.AckTimeout, c.AckTimeout},
+	} {
+		if d.from != nil {
+			*d.to = d.from.Duration
+		}
+	}
+	for _, n := range []struct {
+		to   *int
+		from *int32
+	}{
+		{&o.MaxPendingChanges, c.MaxPendingChanges},
+		{&o.MaxSendMessageBytes, c.MaxSendMessageBytes},
+		{&o.MaxRecvMessageBytes, c.MaxRecvMessageBytes},
+		{&o.MaxAgents, c.MaxAgents},
+		{&o.MaxStreams, c.MaxStreams},
+		{&o.MaxConnections, c.MaxConnections},
+		{&o.PeerBurst, c.PeerBurst},
+		{&o.AdmissionBurst, c.AdmissionBurst},
+		{&o.Logging.V, c.Logging.Verbosity},
+	} {
+		if n.from != nil {
+			*n.to = int(*n.from)
+		}
+	}
+	if c.MaxStreamsPerConnection != nil {
+		// A negative count wraps to a huge one, which Validate cannot
+		// see; clamp it to 0, which Validate refuses.
+		o.MaxStreamsPerConnection = uint32(max(*c.MaxStreamsPerConnection, 0))
+	}
+	set(&o.Logging.Level, c.Logging.Level)
+	set(&o.Logging.Format, c.Logging.Format)
+	set(&o.TLSCertFile, c.TLS.CertFile)
+	set(&o.TLSKeyFile, c.TLS.PrivateKeyFile)
+	if c.TLS.SANs != nil {
+		o.TLSSANs = c.TLS.SANs
+	}
+	set(&o.Namespace, c.Namespace)
+	set(&o.TokenAudience, c.TokenAudience)
+	set(&o.AgentServiceAccount, c.AgentServiceAccount)
+	set(&o.PeerRate, c.PeerRate)
+	set(&o.AdmissionRate, c.AdmissionRate)
+}
+
+func set[T any](to *T, from *T) {
+	if from != nil {
+		*to = *from
+	}
 }
 
 // Validate reports every invalid option at once.

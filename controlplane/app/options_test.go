@@ -2,6 +2,8 @@ package app
 
 import (
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -86,5 +88,52 @@ func TestOptionsDefaultsAreConsistent(t *testing.T) {
 	}
 	if o.AckTimeout < time.Minute {
 		t.Errorf("ack timeout %s is shorter than a full kernel sync may take", o.AckTimeout)
+	}
+}
+
+// TestCompleteConfig checks that the file replaces the defaults and the
+// command line replaces the file, slices included.
+func TestCompleteConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "controlplane.yaml")
+	if err := os.WriteFile(path, []byte(`apiVersion: controlplane.proxyplane.io/v1alpha1
+kind: ControlPlaneConfiguration
+grpcAddress: ":7000"
+resyncPeriod: 0s
+maxAgents: 100
+peerRate: 0
+tls: {sans: [file.example]}
+logging: {level: debug, format: json}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := NewOptions()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--config=" + path, "--max-agents=200", "--tls-san=flag.example", "--log-level=warn"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Complete(fs); err != nil {
+		t.Fatal(err)
+	}
+	if o.GRPCAddress != ":7000" || o.ResyncPeriod != 0 || o.PeerRate != 0 || o.Logging.Format != "json" {
+		t.Errorf("file values lost: %q %s %g %q", o.GRPCAddress, o.ResyncPeriod, o.PeerRate, o.Logging.Format)
+	}
+	if o.MaxAgents != 200 || !slices.Equal(o.TLSSANs, []string{"flag.example"}) || o.Logging.Level != "warn" {
+		t.Errorf("the command line did not win: %d %q %q", o.MaxAgents, o.TLSSANs, o.Logging.Level)
+	}
+	if o.MetricsAddress != ":9641" {
+		t.Errorf("metrics address %q, want the default the file leaves", o.MetricsAddress)
+	}
+	if err := o.Validate(); err != nil {
+		t.Error(err)
+	}
+	o = NewOptions()
+	fs = pflag.NewFlagSet("test", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--config=" + filepath.Join(t.TempDir(), "absent")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Complete(fs); err == nil {
+		t.Error("no error for a missing --config file")
 	}
 }

@@ -145,6 +145,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, sec *Security, ready Readiness, log *slog.Logger) (gs *grpc.Server, stop func()) {
 	secOpts, hooks := sec.serverOptions()
 	opts := append(server.GRPCOptions(),
+		// Before secOpts' interceptors, so outside them: calls that
+		// limits or authentication refuse are counted, with their codes.
+		grpc.ChainUnaryInterceptor(metrics.GRPCServer.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(metrics.GRPCServer.StreamServerInterceptor()),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
 		grpc.MaxConcurrentStreams(o.MaxStreamsPerConnection),
@@ -184,6 +188,8 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 	go followReadiness(hs, ready, done, log)
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
+	// Every method's series exist from the start, at zero.
+	metrics.GRPCServer.InitializeMetrics(gs)
 	return gs, func() { close(done); hs.Shutdown(); srv.Shutdown() }
 }
 

@@ -7,6 +7,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
@@ -207,6 +210,76 @@ func TestEndpointProtoSources(t *testing.T) {
 		mutate(s)
 		if after := testEndpoint(s).proto().ProtoReflect().Get(fd); after.Equal(before) {
 			t.Errorf("changing endpoint.%s leaves %s at %v", src.field, fd.FullName(), after)
+		}
+	}
+}
+
+// nodeInput is what a Node is built from: BuildNode's arguments and the
+// cluster's service CIDRs.
+type nodeInput struct {
+	name  string
+	obj   *corev1.Node
+	cidrs *ServiceCIDRs
+}
+
+func (in *nodeInput) build() *Node { return BuildNode(in.name, in.obj).WithServiceCIDRs(in.cidrs) }
+
+// nodeInfoSources changes, for each NodeInfo field but the hash, the input
+// it is built from. A field added to NodeInfo and not listed fails
+// TestNodeHashCoversNodeInfo: the node hash, and so the table version,
+// must change with it, or agents never receive the change.
+var nodeInfoSources = map[protoreflect.Name]func(*nodeInput){
+	"name":          func(in *nodeInput) { in.name += "x"; in.obj.Name = in.name },
+	"zone":          func(in *nodeInput) { in.obj.Labels[corev1.LabelTopologyZone] += "x" },
+	"pod_cidrs":     func(in *nodeInput) { in.obj.Spec.PodCIDRs = []string{"10.244.9.0/24"} },
+	"to_be_deleted": func(in *nodeInput) { in.obj.DeletionTimestamp = &metav1.Time{} },
+	"service_cidrs": func(in *nodeInput) {
+		in.cidrs = BuildServiceCIDRs([]*networkingv1.ServiceCIDR{{Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.97.0.0/16"}}}})
+	},
+}
+
+// TestNodeHashCoversNodeInfo checks that every NodeInfo field changes, in
+// the encoding and in the hash, when its input does.
+func TestNodeHashCoversNodeInfo(t *testing.T) {
+	fresh := func() *nodeInput {
+		return &nodeInput{
+			name: "node-a", obj: k8sNode("node-a", "zone-a", "10.244.1.0/24"),
+			cidrs: BuildServiceCIDRs([]*networkingv1.ServiceCIDR{{Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}}}),
+		}
+	}
+	decode := func(n *Node) *pb.NodeInfo {
+		var info pb.NodeInfo
+		if err := proto.Unmarshal(n.Bytes, &info); err != nil {
+			t.Fatalf("decoding NodeInfo: %v", err)
+		}
+		return &info
+	}
+	fields := (&pb.NodeInfo{}).ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.Name() == "hash" {
+			continue
+		}
+		mutate, ok := nodeInfoSources[fd.Name()]
+		if !ok {
+			t.Errorf("%s: no input named in nodeInfoSources", fd.FullName())
+			continue
+		}
+		in := fresh()
+		before := in.build()
+		mutate(in)
+		after := in.build()
+		if after.Hash == before.Hash {
+			t.Errorf("changing the input of %s leaves the node hash unchanged", fd.FullName())
+		}
+		b, a := decode(before).ProtoReflect().Get(fd), decode(after).ProtoReflect().Get(fd)
+		if a.Equal(b) {
+			t.Errorf("changing the input of %s leaves it at %v", fd.FullName(), a)
+		}
+	}
+	for name := range nodeInfoSources {
+		if fields.ByName(name) == nil {
+			t.Errorf("nodeInfoSources names %s, which NodeInfo lacks", name)
 		}
 	}
 }

@@ -23,6 +23,12 @@ type Node struct {
 	Hash uint64
 	// Bytes is the encoded NodeInfo, hash included.
 	Bytes []byte
+
+	// info is the NodeInfo without its hash and service CIDRs, from which
+	// WithServiceCIDRs builds the node again.
+	info *pb.NodeInfo
+	// cidrs are the service CIDRs in Bytes.
+	cidrs *ServiceCIDRs
 }
 
 // TaintToBeDeleted is the taint the cluster autoscaler puts on a node it
@@ -59,8 +65,31 @@ func BuildNode(name string, obj *corev1.Node) *Node {
 			return t.Key == TaintToBeDeleted
 		})
 	}
-	info.Hash = xxhash.Sum64(mustMarshal(info))
-	return &Node{Name: name, Zone: info.Zone, Hash: info.Hash, Bytes: mustMarshal(info)}
+	return encodeNode(info, nil)
+}
+
+// WithServiceCIDRs returns the node carrying the cluster's service CIDRs
+// c instead of its own. The CIDRs are cluster-wide, but NodeInfo is where
+// the table's non-Service facts travel: a change of them changes every
+// node's hash, so each agent gets a delta with its node and no entries.
+func (n *Node) WithServiceCIDRs(c *ServiceCIDRs) *Node {
+	if n.cidrs.Equal(c) {
+		return n
+	}
+	return encodeNode(n.info, c)
+}
+
+// ServiceCIDRs returns the service CIDRs the node carries.
+func (n *Node) ServiceCIDRs() *ServiceCIDRs { return n.cidrs }
+
+// encodeNode encodes info, without hash or service CIDRs, with c; the
+// hash covers every other field, so a field added to NodeInfo is hashed
+// as soon as it is set (TestNodeHashCoversNodeInfo).
+func encodeNode(info *pb.NodeInfo, c *ServiceCIDRs) *Node {
+	full := proto.CloneOf(info)
+	full.ServiceCidrs = c.List()
+	full.Hash = xxhash.Sum64(mustMarshal(full))
+	return &Node{Name: info.Name, Zone: info.Zone, Hash: full.Hash, Bytes: mustMarshal(full), info: info, cidrs: c}
 }
 
 // Equal reports whether two nodes carry the same information.

@@ -308,3 +308,5 @@ func TestParseVersion(t *testing.T) {
 		})
 	}
 }
+
+func xxhashOf(m proto.Message) uint64 { return xxhash.Sum64(mustMarshal(m)) }

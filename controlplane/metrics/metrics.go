@@ -44,7 +44,7 @@ var (
 	// StreamsClosedTotal counts Sync streams closed, by reason.
 	StreamsClosedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: namespace, Name: "streams_closed_total",
-		Help: "Sync streams closed, by reason (eof, replaced, keepalive_timeout, write_timeout, ack_timeout, invalid, error, admission, stale).",
+		Help: "Sync streams closed, by reason (eof, replaced, keepalive_timeout, write_timeout, ack_timeout, invalid, error, admission, stale, behind).",
 	}, []string{"reason"})
 	// ComputeDurationSeconds is the time to recompute changed Services and
 	// Nodes and publish the resulting world.
@@ -93,9 +93,15 @@ var (
 	DeltaBytesSent = SentBytesTotal.WithLabelValues("delta")
 )
 
-// Register registers every metric on r. Call it once per registry.
+// Register registers every metric on r: the control plane's own, the
+// gRPC server's (GRPCServer) and client-go's, whose hooks it installs in
+// client-go at the first call. Call it once per registry.
 func Register(r prometheus.Registerer) {
 	r.MustRegister(NodesConnected, VersionsPendingAck, NacksTotal, ResponsesTotal, SentBytesTotal,
 		LagResetsTotal, StreamsClosedTotal, ComputeDurationSeconds, ComputeErrorsTotal, Services,
 		InvalidObjects, EventsDroppedTotal)
+	r.MustRegister(GRPCServer)
+	r.MustRegister(RESTClientRequestDuration, RESTClientRateLimiterDuration, RESTClientRequestsTotal,
+		RESTClientRequestRetriesTotal, RESTClientResponseSize)
+	hookClientGo()
 }

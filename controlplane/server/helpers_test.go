@@ -112,6 +112,7 @@ type agent struct {
 	version  string
 	entries  map[string]uint64
 	nodeHash uint64
+	rv       uint64 // the highest resource_version it was sent
 }
 
 func connect(t testing.TB, client pb.TableServiceClient, hello *pb.Hello) *agent {
@@ -215,6 +216,7 @@ func (a *agent) apply(r *pb.SyncResponse) string {
 	default:
 		a.t.Fatalf("%s: not a table response: %v", a.node, r)
 	}
+	a.rv = max(a.rv, r.GetSnapshot().GetResourceVersion(), r.GetDelta().GetResourceVersion())
 	sum := a.nodeHash
 	for _, h := range a.entries {
 		sum += h
@@ -241,7 +243,7 @@ func (a *agent) nack(r *pb.SyncResponse, why string) {
 
 // hello is what the agent would say when reconnecting.
 func (a *agent) hello() *pb.Hello {
-	return &pb.Hello{NodeName: a.node, Version: a.version, EntryHashes: a.entries, NodeHash: a.nodeHash}
+	return &pb.Hello{NodeName: a.node, Version: a.version, EntryHashes: a.entries, NodeHash: a.nodeHash, ResourceVersion: a.rv}
 }
 
 func (a *agent) close() {

@@ -111,7 +111,7 @@ func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.Lis
 	if err != nil {
 		return nil, err
 	}
-	return &pb.ListNodesResponse{Nodes: s.reg.list(w.NodeNames())}, nil
+	return &pb.ListNodesResponse{Nodes: s.reg.list(w)}, nil
 }
 
 // ListEvents implements TableService. Like ListNodes it waits for the

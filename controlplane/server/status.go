@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/metrics"
+	"github.com/proxyplane/proxyplane/controlplane/table"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -46,6 +48,9 @@ type syncResult struct {
 	ackedAt                                  time.Time
 	nackError                                string
 	bytesSent                                uint64
+	// behindSince is when the stream first had a table to send that the
+	// agent has not acknowledged since; zero while it is current.
+	behindSince time.Time
 }
 
 // streamStatus is one stream's status. Its stream goroutine writes it and
@@ -104,6 +109,16 @@ func (s *streamStatus) acked(version uint64) {
 	s.mu.Unlock()
 }
 
+// behind records that the agent fell behind (at now) or caught up.
+func (s *streamStatus) behind(behind bool, now time.Time) {
+	if !behind {
+		now = time.Time{}
+	}
+	s.mu.Lock()
+	s.res.behindSince = now
+	s.mu.Unlock()
+}
+
 func (s *streamStatus) nacked(version uint64, detail string) {
 	if len(detail) > maxNackError {
 		detail = strings.ToValidUTF8(detail[:maxNackError], "") + "…"
@@ -136,12 +151,28 @@ func (s *streamStatus) detach() {
 		return
 	}
 	e.last = s.result()
-	e.last.bytesSent = 0 // counts the current stream only
+	// Both describe the current stream only.
+	e.last.bytesSent, e.last.behindSince = 0, time.Time{}
 }
 
-// list returns the status of every known node and every connected one,
-// sorted by name, and forgets disconnected nodes that are gone.
-func (r *registry) list(names []string) []*pb.NodeStatus {
+// list returns the status of every node known in w and every connected
+// one, sorted by name, with each node's current version in w, and forgets
+// disconnected nodes that are gone.
+func (r *registry) list(w *table.World) []*pb.NodeStatus {
+	out := r.statuses(w.NodeNames(), time.Now())
+	for _, st := range out {
+		// Outside the lock: the first Version of a world builds its index.
+		// World.Version shares each zone's sum between the nodes of the
+		// zone, so this costs one pass over the Services per zone and
+		// world, not per node.
+		st.CurrentVersion = compute.FormatVersion(w.Version(w.Node(st.NodeName)))
+	}
+	return out
+}
+
+// statuses returns what the registry knows of names and of every
+// connected node, sorted by name, as of now.
+func (r *registry) statuses(names []string, now time.Time) []*pb.NodeStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*pb.NodeStatus, 0, len(names)+len(r.nodes))
@@ -158,7 +189,7 @@ func (r *registry) list(names []string) []*pb.NodeStatus {
 			st.Capabilities = proto.CloneOf(s.caps)
 			res = s.result()
 		}
-		res.fill(st)
+		res.fill(st, now)
 		out = append(out, st)
 	}
 	for _, name := range names {
@@ -170,7 +201,7 @@ func (r *registry) list(names []string) []*pb.NodeStatus {
 	return out
 }
 
-func (res syncResult) fill(st *pb.NodeStatus) {
+func (res syncResult) fill(st *pb.NodeStatus, now time.Time) {
 	if res.sent {
 		st.SentVersion = compute.FormatVersion(res.sentVersion)
 		st.SentNonce = formatNonce(res.sentNonce)
@@ -185,4 +216,7 @@ func (res syncResult) fill(st *pb.NodeStatus) {
 		st.NackedVersion, st.NackError = compute.FormatVersion(res.nackedVersion), res.nackError
 	}
 	st.BytesSent = res.bytesSent
+	if !res.behindSince.IsZero() {
+		st.Lag = durationpb.New(now.Sub(res.behindSince))
+	}
 }

@@ -111,3 +111,47 @@ func TestAdmissionQueuesStreams(t *testing.T) {
 		t.Errorf("waiting stream ended with %v after its agent gave up, want Canceled", err)
 	}
 }
+
+// TestListNodesLag checks current_version and lag through an agent's
+// life: behind from the stream's start until its first ACK, current
+// after it, behind again from the world change it has not acknowledged,
+// still behind after rejecting it, and without a lag once disconnected.
+func TestListNodesLag(t *testing.T) {
+	store := cluster(t)
+	store.Publish(nil, map[string]*compute.Node{"node-1": compute.BuildNode("node-1", &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})})
+	client, _, _ := newTestServer(t, store, Options{})
+	a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+	first := a.recv()
+
+	st := nodeStatus(t, client, "node-1")
+	if st.GetLag() == nil || st.GetAckedVersion() != "" || st.GetCurrentVersion() != wantVersion(t, store, "node-1") {
+		t.Errorf("before the first ACK: lag %v, acked %q, current %q; want a lag, nothing acked, current %q",
+			st.GetLag(), st.GetAckedVersion(), st.GetCurrentVersion(), wantVersion(t, store, "node-1"))
+	}
+	a.ack(first)
+	eventually(t, "node-1 current", func() bool {
+		st := nodeStatus(t, client, "node-1")
+		return st.GetAckedVersion() == st.GetCurrentVersion() && st.GetLag() == nil
+	})
+
+	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 2)})
+	delta := a.recv()
+	st = nodeStatus(t, client, "node-1")
+	if st.GetLag() == nil || st.GetCurrentVersion() != wantVersion(t, store, "node-1") || st.GetAckedVersion() == st.GetCurrentVersion() {
+		t.Errorf("after a change: lag %v, acked %q, current %q; want a lag and acked behind current %q",
+			st.GetLag(), st.GetAckedVersion(), st.GetCurrentVersion(), wantVersion(t, store, "node-1"))
+	}
+	a.nack(delta, "bad")
+	eventually(t, "the NACK recorded", func() bool { return nodeStatus(t, client, "node-1").GetNackedVersion() != "" })
+	lag := st.GetLag().AsDuration()
+	eventually(t, "the lag growing after the NACK", func() bool {
+		return nodeStatus(t, client, "node-1").GetLag().AsDuration() > lag
+	})
+
+	a.close()
+	eventually(t, "node-1 disconnected", func() bool { return !nodeStatus(t, client, "node-1").GetConnected() })
+	st = nodeStatus(t, client, "node-1")
+	if st.GetLag() != nil || st.GetCurrentVersion() != wantVersion(t, store, "node-1") {
+		t.Errorf("disconnected: lag %v, current %q; want no lag and current %q", st.GetLag(), st.GetCurrentVersion(), wantVersion(t, store, "node-1"))
+	}
+}

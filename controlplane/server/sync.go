@@ -21,6 +21,7 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/failpoint"
 )
 
 type syncStream = grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
@@ -83,6 +84,15 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	cur, err := table.NewCursor(node, w, held, hello.GetCapabilities().GetDeltas(), s.store.MaxPending())
 	if err != nil {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
+	}
+	// An agent holding a table this replica cannot place may hold one
+	// newer than the replica's world: another replica's, made from events
+	// this one has not seen yet. Serving it would roll the agent back.
+	if held := hello.GetResourceVersion(); hello.GetVersion() != "" && !cur.Current() {
+		if own := s.store.Current().ResourceVersion(); own < held {
+			metrics.StreamsClosedTotal.WithLabelValues("behind").Inc()
+			return status.Errorf(codes.Unavailable, "this replica has observed the cluster through resourceVersion %d, and the agent holds a table of resourceVersion %d that it cannot place: try another replica", own, held)
+		}
 	}
 	if s.opts.Stale != nil && hello.GetVersion() != "" && !cur.Current() {
 		if why := s.opts.Stale(); why != nil {
@@ -177,6 +187,7 @@ type syncSession struct {
 	inflight    uint64      // its version
 	inflightLen int         // its encoded size
 	ackTimer    *time.Timer // runs while a response is in flight
+	behind      bool        // as last recorded in st
 }
 
 // quotaSafe is the largest table after which a keepalive is still
@@ -210,6 +221,10 @@ func formatNonce(n uint64) string { return strconv.FormatUint(n, 10) }
 // sendNext sends the cursor's next response, if any.
 func (ss *syncSession) sendNext() error {
 	r := ss.cur.Next()
+	// After Next, which settles whether the agent is current, and before
+	// the send, so that ListNodes shows the lag once the agent can hold
+	// the table.
+	ss.noteBehind()
 	if r == nil {
 		return nil
 	}
@@ -235,7 +250,18 @@ func (ss *syncSession) sendNext() error {
 	ss.st.sent(r.Version, ss.nonce, f.size())
 	ss.inflight, ss.inflightLen = r.Version, f.size()
 	ss.ackTimer.Reset(ss.opts.AckTimeout)
+	failpoint.Hit(failpoint.AfterSend)
 	return nil
+}
+
+// noteBehind records in the node's status when the agent falls behind
+// the latest world and when it catches up. It locks the status only on
+// a change: at most twice per world.
+func (ss *syncSession) noteBehind() {
+	if behind := !ss.cur.Current(); behind != ss.behind {
+		ss.behind = behind
+		ss.st.behind(behind, time.Now())
+	}
 }
 
 func (ss *syncSession) ackDeadline() <-chan time.Time {

@@ -456,3 +456,53 @@ func TestStaleReplicaRefusesTablesItCannotPlace(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaBehindRefusesNewerTables checks the order of worlds across
+// replicas: a replica that has not observed the cluster as far as the
+// table an agent holds refuses it, unless the agent holds exactly its
+// table; once it has observed that far it serves it, from its own world.
+func TestReplicaBehindRefusesNewerTables(t *testing.T) {
+	a1, b1 := service(t, "a", 2, 1), service(t, "b", 3, 1)
+	a2 := service(t, "a", 4, 1) // a change replica A has seen and B not yet
+	replicaA, replicaB := table.NewStore(100), table.NewStore(100)
+	replicaA.Apply(table.Update{ResourceVersion: 200, Services: map[string]*compute.Service{"a": a2, "b": b1}})
+	replicaB.Apply(table.Update{ResourceVersion: 100, Services: map[string]*compute.Service{"a": a1, "b": b1}})
+	clientA, _, _ := newTestServer(t, replicaA, Options{})
+	clientB, _, _ := newTestServer(t, replicaB, Options{})
+
+	// The agent takes its table from A, then comes to B.
+	fromA := connect(t, clientA, &pb.Hello{NodeName: "node-1"})
+	fromA.ack(fromA.recv())
+	fromA.close()
+	if fromA.rv != 200 {
+		t.Fatalf("agent holds resource version %d after A's snapshot, want 200", fromA.rv)
+	}
+	held := fromA.hello()
+
+	refused := connect(t, clientB, proto.CloneOf(held))
+	if err := refused.recvErr(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "resourceVersion 100") {
+		t.Fatalf("B behind the agent's table: stream ended with %v, want Unavailable naming B's resource version", err)
+	}
+
+	// An agent holding B's own table is served whatever it claims:
+	// nothing is rolled back when nothing is sent.
+	own := connect(t, clientB, &pb.Hello{NodeName: "node-2"})
+	own.ack(own.recv())
+	own.close()
+	ownHello := own.hello()
+	ownHello.ResourceVersion = 500
+	current := connect(t, clientB, ownHello)
+	if md, err := current.stream.Header(); err != nil || md == nil {
+		t.Fatalf("agent holding B's own table: not served (%v)", err)
+	}
+	current.close()
+
+	// B observes the cluster further, with A's change: the agent is now
+	// served, and is current without being sent anything.
+	replicaB.Apply(table.Update{ResourceVersion: 210, Services: map[string]*compute.Service{"a": a2}})
+	served := connect(t, clientB, proto.CloneOf(held))
+	if md, err := served.stream.Header(); err != nil || md == nil {
+		t.Fatalf("B through 210: agent holding 200 not served (%v)", err)
+	}
+	served.close()
+}

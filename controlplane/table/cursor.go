@@ -74,6 +74,9 @@ type Response struct {
 	Snapshot bool
 	// Base and Version are the versions before (deltas) and after.
 	Base, Version uint64
+	// ResourceVersion is the world's when the response was built (see
+	// World.ResourceVersion).
+	ResourceVersion uint64
 	// Body is the encoded Snapshot or Delta message, in pieces that may be
 	// shared with other responses: never modify them.
 	Body Body
@@ -252,7 +255,7 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 	zv := w.zoneView(node.Zone)
 	keys := w.Keys()
 	special := w.index().special[node.Name]
-	r := &Response{Snapshot: true, Version: node.Hash + zv.sum, Upserts: len(keys), TriggerTime: zv.trigger}
+	r := &Response{Snapshot: true, Version: node.Hash + zv.sum, ResourceVersion: w.ResourceVersion(), Upserts: len(keys), TriggerTime: zv.trigger}
 	own := make([]compute.Entry, len(special))
 	for j, i := range special {
 		own[j] = w.services[keys[i]].EntryFor(node)
@@ -282,6 +285,9 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 	}
 	if from < len(zv.body) {
 		body = append(body, zv.body[from:])
+	}
+	if rv := appendUint(nil, wire.SnapshotResourceVersion, r.ResourceVersion); len(rv) > 0 {
+		body = append(body, rv) // last, in field order, as proto.Marshal writes it
 	}
 	r.Body = body
 	return r
@@ -315,7 +321,7 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 	}
 	slices.Sort(keys)
 
-	r := &Response{Base: c.base.version, Version: c.base.version - oldNode + node.Hash}
+	r := &Response{Base: c.base.version, Version: c.base.version - oldNode + node.Hash, ResourceVersion: c.world.ResourceVersion()}
 	var upserts, removals []byte
 	for _, k := range keys {
 		oldHash, had := old(k)
@@ -347,7 +353,8 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 		body = appendMessage(body, wire.DeltaNode, node.Bytes)
 	}
 	body = append(body, upserts...)
-	r.Body = Body{append(body, removals...)}
+	body = append(body, removals...)
+	r.Body = Body{appendUint(body, wire.DeltaResourceVersion, r.ResourceVersion)}
 	return r
 }
 

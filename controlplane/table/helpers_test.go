@@ -189,6 +189,9 @@ func decodeSnapshot(t *testing.T, r *Response) *pb.Snapshot {
 	if len(s.GetEntries()) != r.Upserts {
 		t.Fatalf("snapshot has %d entries, response counts %d", len(s.GetEntries()), r.Upserts)
 	}
+	if s.GetResourceVersion() != r.ResourceVersion {
+		t.Fatalf("snapshot resource_version %d, response %d", s.GetResourceVersion(), r.ResourceVersion)
+	}
 	return &s
 }
 
@@ -214,6 +217,9 @@ func decodeDelta(t *testing.T, r *Response) *pb.Delta {
 	if len(d.GetUpserts()) != r.Upserts || len(d.GetRemovals()) != r.Removals {
 		t.Fatalf("delta has %d upserts and %d removals, response counts %d and %d",
 			len(d.GetUpserts()), len(d.GetRemovals()), r.Upserts, r.Removals)
+	}
+	if d.GetResourceVersion() != r.ResourceVersion {
+		t.Fatalf("delta resource_version %d, response %d", d.GetResourceVersion(), r.ResourceVersion)
 	}
 	return &d
 }

@@ -62,14 +62,38 @@ func (s *Store) Current() *World {
 	return nil
 }
 
-// Publish applies changes and publishes the resulting world. services maps
-// a key to its new state, or to nil for a removed Service; nodes maps a
-// name to its new state, or to nil for a removed Node. Entries equal to the
-// current state are ignored, and a publish that changes nothing makes no
-// new world and wakes nobody (the first publish always makes one). It
-// returns the number of Services and Nodes that changed. Publish never
-// blocks on subscribers.
+// Publish applies changes to Services and Nodes and publishes the
+// resulting world, as Apply does with the service CIDRs unchanged.
 func (s *Store) Publish(services map[string]*compute.Service, nodes map[string]*compute.Node) (changedServices, changedNodes int) {
+	return s.Apply(Update{Services: services, Nodes: nodes})
+}
+
+// Update is one publication's changes.
+type Update struct {
+	// Services maps a key to its new state, or to nil for a removed
+	// Service.
+	Services map[string]*compute.Service
+	// Nodes maps a name to its new state, or to nil for a removed Node.
+	Nodes map[string]*compute.Node
+	// ServiceCIDRs are the cluster's service CIDRs when SetServiceCIDRs;
+	// otherwise they stay as they are.
+	ServiceCIDRs    *compute.ServiceCIDRs
+	SetServiceCIDRs bool
+	// ResourceVersion, when not 0, says the caller has observed the
+	// cluster through it: every change up to it is in this update or
+	// already in the latest world. The world that results, new or not,
+	// takes it as its ResourceVersion unless it has a higher one.
+	ResourceVersion uint64
+}
+
+// Apply applies u and publishes the resulting world. Entries equal to the
+// current state are ignored, and a publish that changes nothing makes no
+// new world and wakes nobody (the first publish always makes one). A
+// change of the service CIDRs changes every node (they travel in
+// NodeInfo) and counts as such. It returns the number of Services and
+// Nodes that changed. Apply never blocks on subscribers.
+func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
+	services := u.Services
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.head.Load()
@@ -77,23 +101,47 @@ func (s *Store) Publish(services map[string]*compute.Service, nodes map[string]*
 	if h != nil {
 		prev = h.world
 	}
+	cidrs := prev.cidrs
+	if u.SetServiceCIDRs {
+		cidrs = u.ServiceCIDRs
+	}
+	cidrsChanged := !cidrs.Equal(prev.cidrs)
 	oldServices := map[string]*compute.Service{}
 	for k, svc := range services {
 		if old := prev.services[k]; !old.Equal(svc) {
 			oldServices[k] = old
 		}
 	}
+	// Nodes are stored with the CIDRs, so that every stream reads a
+	// node's bytes as they are, encoded once per change.
+	nodes := make(map[string]*compute.Node, len(u.Nodes))
 	changedNodeNames := map[string]bool{}
-	for name, n := range nodes {
+	for name, n := range u.Nodes {
+		if n != nil {
+			n = n.WithServiceCIDRs(cidrs)
+		}
+		nodes[name] = n
 		if old := prev.nodes[name]; !old.Equal(n) {
 			changedNodeNames[name] = true
 		}
 	}
-	if h != nil && len(oldServices) == 0 && len(changedNodeNames) == 0 {
+	if cidrsChanged {
+		for name, n := range prev.nodes {
+			if _, ok := nodes[name]; !ok {
+				nodes[name] = n.WithServiceCIDRs(cidrs)
+				changedNodeNames[name] = true
+			}
+		}
+	}
+	if h != nil && len(oldServices) == 0 && len(changedNodeNames) == 0 && !cidrsChanged {
+		// Only the latest world moves, and only under s.mu: a stream
+		// still sending an older one never claims more than it holds.
+		raise(&prev.rv, u.ResourceVersion)
 		return 0, 0
 	}
 
-	next := &World{Revision: prev.Revision + 1, services: prev.services, nodes: prev.nodes}
+	next := &World{Revision: prev.Revision + 1, services: prev.services, nodes: prev.nodes, cidrs: cidrs}
+	next.rv.Store(max(prev.rv.Load(), u.ResourceVersion))
 	if len(oldServices) > 0 || h == nil {
 		// maps.Clone copies the table wholesale, about twice as fast as
 		// inserting key by key.
@@ -202,4 +250,11 @@ func (sub *Subscription) Take() (*World, Pending) {
 	}
 	sub.at = h.crumb
 	return h.world, p
+}
+
+// raise sets v to rv if rv is higher. Callers hold the store's lock.
+func raise(v *atomic.Uint64, rv uint64) {
+	if rv > v.Load() {
+		v.Store(rv)
+	}
 }

@@ -433,3 +433,50 @@ func TestStoreConcurrentSubscribers(t *testing.T) {
 		checkAgentCurrent(t, &res.agent, s.Current(), res.node)
 	}
 }
+
+// A world's resource version rises with publishes that observed the
+// cluster further, changed or not, and never moves once a newer world
+// exists: a response built from an older world claims no more than it
+// holds.
+func TestStoreResourceVersion(t *testing.T) {
+	s := NewStore(testMaxPending)
+	s.Apply(Update{ResourceVersion: 10, Services: services(simpleService(t, "a", "10.0.0.1"))})
+	w1 := s.Current()
+	if got := w1.ResourceVersion(); got != 10 {
+		t.Fatalf("first world: resource version %d, want 10", got)
+	}
+	s.Apply(Update{ResourceVersion: 15}) // nothing changed, observed further
+	if s.Current() != w1 || w1.ResourceVersion() != 15 {
+		t.Fatalf("after an empty update through 15: same world %v, resource version %d", s.Current() == w1, w1.ResourceVersion())
+	}
+	s.Apply(Update{ResourceVersion: 12}) // never falls
+	if got := w1.ResourceVersion(); got != 15 {
+		t.Fatalf("after an update through 12: resource version %d, want 15", got)
+	}
+	s.Publish(services(simpleService(t, "b", "10.0.0.2")), nil) // observed nothing new
+	w2 := s.Current()
+	if w2 == w1 || w2.ResourceVersion() != 15 {
+		t.Fatalf("a publish without a resource version: new world %v, resource version %d, want 15", w2 != w1, w2.ResourceVersion())
+	}
+	s.Apply(Update{ResourceVersion: 30})
+	if w1.ResourceVersion() != 15 || w2.ResourceVersion() != 30 {
+		t.Fatalf("after an update through 30: old world %d (want 15), latest %d (want 30)", w1.ResourceVersion(), w2.ResourceVersion())
+	}
+}
+
+// Snapshots and deltas carry the resource version of the world they were
+// built from (decodeSnapshot and decodeDelta check the encoding).
+func TestCursorSendsResourceVersion(t *testing.T) {
+	s := NewStore(testMaxPending)
+	s.Apply(Update{ResourceVersion: 7, Services: services(simpleService(t, "a", "10.0.0.1")), Nodes: nodes(buildNode(t, "n1", "a"))})
+	p := connect(t, s, "n1", Held{}, true, testMaxPending)
+	snap := p.next()
+	if got := decodeSnapshot(t, snap).GetResourceVersion(); got != 7 {
+		t.Fatalf("snapshot resource_version %d, want 7", got)
+	}
+	p.ack(snap)
+	s.Apply(Update{ResourceVersion: 9, Services: services(simpleService(t, "b", "10.0.0.2"))})
+	if got := decodeDelta(t, p.next()).GetResourceVersion(); got != 9 {
+		t.Fatalf("delta resource_version %d, want 9", got)
+	}
+}

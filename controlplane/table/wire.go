@@ -65,3 +65,12 @@ func appendMessage(b []byte, num protowire.Number, m []byte) []byte {
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendBytes(b, m)
 }
+
+// appendUint appends a varint field, or nothing for 0 (proto3's default).
+func appendUint(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	b = protowire.AppendTag(b, num, protowire.VarintType)
+	return protowire.AppendVarint(b, v)
+}

@@ -3,6 +3,7 @@ package table
 import (
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
@@ -16,9 +17,13 @@ type World struct {
 	// Revision counts publications on this replica; it only orders worlds
 	// locally. Versions sent to agents are content hashes, not revisions.
 	Revision uint64
+	// rv is ResourceVersion: it only rises, and only while the world is
+	// its store's latest (Store.PublishThrough, under the store's lock).
+	rv atomic.Uint64
 
 	services map[string]*compute.Service
-	nodes    map[string]*compute.Node
+	nodes    map[string]*compute.Node // each carries cidrs
+	cidrs    *compute.ServiceCIDRs
 
 	indexOnce sync.Once
 	idx       *worldIndex // built on first use; see index
@@ -49,17 +54,28 @@ type zoneView struct {
 	trigger time.Time
 }
 
+// ResourceVersion is the cluster's resourceVersion through which this
+// world reflects every change to the watched objects: a lower bound, 0
+// when unknown. Worlds of different replicas of one cluster compare by
+// it. It rises while the world is its store's latest and stays put once
+// a newer one is published, so a table built from the world may carry
+// the value read when it is built.
+func (w *World) ResourceVersion() uint64 { return w.rv.Load() }
+
 // Service returns the Service under key, or nil.
 func (w *World) Service(key string) *compute.Service { return w.services[key] }
 
-// Node returns what is known of the node called name; a node without a
-// Node object gets a bare NodeInfo.
+// Node returns what is known of the node called name, with the cluster's
+// service CIDRs; a node without a Node object gets a bare NodeInfo.
 func (w *World) Node(name string) *compute.Node {
 	if n, ok := w.nodes[name]; ok {
 		return n
 	}
-	return compute.BuildNode(name, nil)
+	return compute.BuildNode(name, nil).WithServiceCIDRs(w.cidrs)
 }
+
+// ServiceCIDRs returns the cluster's service CIDRs.
+func (w *World) ServiceCIDRs() *compute.ServiceCIDRs { return w.cidrs }
 
 // Known reports whether a Node object exists for name.
 func (w *World) Known(name string) bool { _, ok := w.nodes[name]; return ok }

@@ -1,10 +1,13 @@
 // Package watch feeds the table store from the API server: one informer
-// each on Services, EndpointSlices and Nodes, whatever the number of nodes.
+// each on Services, EndpointSlices, Nodes and ServiceCIDRs, whatever the
+// number of nodes.
 //
 // Event handlers only record which Service or Node changed; one goroutine
 // (Run's) recomputes those from the informer caches and publishes them, so
 // a burst of events on one Service costs one computation, and a change to
-// one Service or EndpointSlice recomputes that Service only.
+// one Service or EndpointSlice recomputes that Service only. A change to
+// any ServiceCIDR recomputes the cluster's set of service CIDRs, which
+// every node's NodeInfo carries.
 //
 // An invalid Service is left out of every table, and an invalid endpoint
 // or port of an EndpointSlice is left out of its Service; the rest of the
@@ -24,6 +27,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
@@ -45,15 +49,19 @@ type Watcher struct {
 	log    *slog.Logger
 	events *eventLog // Run's goroutine's; others call Events
 
+	// factory filters Services and slices as kube-proxy does; nodeFactory
+	// lists Nodes and ServiceCIDRs unfiltered.
 	factory, nodeFactory informers.SharedInformerFactory
 	services, slices     cache.SharedIndexInformer
-	nodes                cache.SharedIndexInformer
+	nodes, serviceCIDRs  cache.SharedIndexInformer
 
-	mu           sync.Mutex // guards the dirty sets
+	mu           sync.Mutex // guards the dirty sets and dirtyCIDRs
 	dirtySvcs    map[string]bool
 	dirtyNodes   map[string]bool
+	dirtyCIDRs   bool
 	wake         chan struct{} // capacity 1
 	handlerError error         // first error registering handlers
+	progress     progress      // how far the published world has followed the cluster
 	health       *health
 	// beat is when Run's loop last went round (UnixNano): a loop that
 	// stops going round can no longer publish.
@@ -91,7 +99,13 @@ func New(client kubernetes.Interface, store *table.Store, resync time.Duration, 
 	w.services = w.factory.Core().V1().Services().Informer()
 	w.slices = w.factory.Discovery().V1().EndpointSlices().Informer()
 	w.nodes = w.nodeFactory.Core().V1().Nodes().Informer()
-	for name, inf := range map[string]cache.SharedIndexInformer{"services": w.services, "endpointslices": w.slices, "nodes": w.nodes} {
+	// Upstream kube-proxy watches ServiceCIDRs whenever
+	// MultiCIDRServiceAllocator is on, which it always is from 1.34: its
+	// nftables mode drops traffic to their unallocated addresses.
+	w.serviceCIDRs = w.nodeFactory.Networking().V1().ServiceCIDRs().Informer()
+	for name, inf := range map[string]cache.SharedIndexInformer{
+		"services": w.services, "endpointslices": w.slices, "nodes": w.nodes, "servicecidrs": w.serviceCIDRs,
+	} {
 		if err := inf.SetTransform(trim); err != nil {
 			return nil, fmt.Errorf("setting transform: %w", err)
 		}
@@ -118,6 +132,7 @@ func New(client kubernetes.Interface, store *table.Store, resync time.Duration, 
 		key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 		return key, err == nil
 	}, kindNode)
+	w.handle(w.serviceCIDRs, func(any) (string, bool) { return "", true }, kindServiceCIDR)
 	if w.handlerError != nil {
 		return nil, w.handlerError
 	}
@@ -129,20 +144,26 @@ type kind int
 const (
 	kindService kind = iota
 	kindNode
+	kindServiceCIDR // the whole set is recomputed: no key
 )
 
 // handle registers handlers that only mark key(obj) dirty. They look the
 // dirty set up on every event: publish replaces it with a fresh one.
 func (w *Watcher) handle(inf cache.SharedIndexInformer, key func(any) (string, bool), k kind) {
+	i := w.progress.add(inf.LastSyncResourceVersion)
 	mark := func(obj any) {
+		defer w.progress.handle(i, obj) // after the key is marked
 		name, ok := key(obj)
 		if !ok {
 			return
 		}
 		w.mu.Lock()
-		if k == kindNode {
+		switch k {
+		case kindNode:
 			w.dirtyNodes[name] = true
-		} else {
+		case kindServiceCIDR:
+			w.dirtyCIDRs = true
+		default:
 			w.dirtySvcs[name] = true
 		}
 		w.mu.Unlock()
@@ -179,6 +200,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		return errors.New("informer caches did not sync")
 	}
 	w.log.Info("informer caches synced")
+	w.progress.sample()
 	w.publish() // the first publish makes a world even when the cluster is empty
 	tick := time.NewTicker(heartbeat)
 	defer tick.Stop()
@@ -190,12 +212,38 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case <-w.wake:
 			w.publish()
 		case <-tick.C:
+			w.advance()
 		}
 	}
 }
 
-// heartbeat is how often Run's loop goes round with nothing to publish.
-const heartbeat = 5 * time.Second
+// advance moves the world's resourceVersion on when the cluster is quiet:
+// an informer without events still moves its reflector (bookmarks, a
+// relist). Anything marked dirty is published instead, which moves it
+// too.
+func (w *Watcher) advance() {
+	w.progress.sample()
+	w.mu.Lock()
+	idle := len(w.dirtySvcs) == 0 && len(w.dirtyNodes) == 0 && !w.dirtyCIDRs
+	if idle {
+		// Every key a handler marked before its event counted was
+		// swapped, and so published, by this goroutine already.
+		w.progress.swapped()
+	}
+	w.mu.Unlock()
+	if !idle {
+		w.publish()
+		return
+	}
+	w.store.Apply(table.Update{ResourceVersion: w.progress.bound()})
+}
+
+// heartbeat is how often Run's loop goes round with nothing to publish,
+// and so how long a reflector's position waits before it counts (see
+// progress): an informer hands a queued event to its handler within
+// microseconds, and a replica that starts or falls behind should catch
+// up with its peers' worlds within about a second.
+const heartbeat = time.Second
 
 // Stale returns an error when a watch has been failing for longer than
 // grace at now (the world may be behind the cluster), nil otherwise. Safe
@@ -227,8 +275,9 @@ func (w *Watcher) Events() *pb.ListEventsResponse { return w.events.snapshot() }
 // publish recomputes everything marked dirty and publishes it.
 func (w *Watcher) publish() {
 	w.mu.Lock()
-	svcKeys, nodeNames := w.dirtySvcs, w.dirtyNodes
-	w.dirtySvcs, w.dirtyNodes = map[string]bool{}, map[string]bool{}
+	svcKeys, nodeNames, cidrsChanged := w.dirtySvcs, w.dirtyNodes, w.dirtyCIDRs
+	w.dirtySvcs, w.dirtyNodes, w.dirtyCIDRs = map[string]bool{}, map[string]bool{}, false
+	w.progress.swapped()
 	w.mu.Unlock()
 
 	start := time.Now()
@@ -260,13 +309,31 @@ func (w *Watcher) publish() {
 			nodes[name] = nil
 		}
 	}
-	ns, nn := w.store.Publish(services, nodes)
+	update := table.Update{Services: services, Nodes: nodes, ResourceVersion: w.progress.bound()}
+	if cidrsChanged {
+		update.ServiceCIDRs, update.SetServiceCIDRs = w.buildServiceCIDRs(), true
+	}
+	ns, nn := w.store.Apply(update)
 	w.events.publish()
 	metrics.ComputeDurationSeconds.Observe(time.Since(start).Seconds())
 	metrics.Services.Set(float64(w.store.Current().Len()))
 	if ns+nn > 0 {
 		w.log.Debug("published", "services", ns, "nodes", nn, "took", time.Since(start))
 	}
+}
+
+// buildServiceCIDRs computes the cluster's service CIDRs from the cache.
+func (w *Watcher) buildServiceCIDRs() *compute.ServiceCIDRs {
+	objs := w.serviceCIDRs.GetStore().List()
+	cidrs := make([]*networkingv1.ServiceCIDR, 0, len(objs))
+	for _, o := range objs {
+		if c, ok := o.(*networkingv1.ServiceCIDR); ok {
+			cidrs = append(cidrs, c)
+		}
+	}
+	c := compute.BuildServiceCIDRs(cidrs)
+	w.log.Info("service CIDRs", "cidrs", c.List())
+	return c
 }
 
 // report records the problems found computing the Service under key and
@@ -333,8 +400,9 @@ func sliceService(obj any) ([]string, error) {
 }
 
 // trim drops what the control plane never reads, so that caches of
-// thousands of Nodes stay small: managed fields everywhere, and all of a
-// Node but its name, zone label and pod CIDRs.
+// thousands of Nodes stay small: managed fields everywhere, all of a
+// Node but its name, zone label and pod CIDRs, and all of a ServiceCIDR but
+// its CIDRs.
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Node:
@@ -355,6 +423,13 @@ func trim(obj any) (any, error) {
 			}
 		}
 		return n, nil
+	case *networkingv1.ServiceCIDR:
+		// compute.BuildServiceCIDRs reads the CIDRs alone, whatever
+		// the status, as upstream.
+		return &networkingv1.ServiceCIDR{
+			ObjectMeta: metav1.ObjectMeta{Name: o.Name, ResourceVersion: o.ResourceVersion, UID: o.UID},
+			Spec:       o.Spec,
+		}, nil
 	case metav1.Object:
 		o.SetManagedFields(nil)
 	}

@@ -74,13 +74,13 @@ func endpointsOf(w *table.World, key string) int {
 }
 
 // start runs a Watcher on a fake clientset holding objs, logging to log,
-// and waits for the first world and for all three watches.
+// and waits for the first world and for all four watches.
 func start(ctx context.Context, t *testing.T, log *slog.Logger, objs ...runtime.Object) (*fake.Clientset, *table.Store, *Watcher, <-chan error) {
 	t.Helper()
 	client := fake.NewClientset(objs...)
 	// The fake clientset drops events made before a watch is established
-	// (it has no resource versions), so wait for all three watches.
-	watching := make(chan struct{}, 3)
+	// (it has no resource versions), so wait for all four watches.
+	watching := make(chan struct{}, 4)
 	client.PrependWatchReactor("*", func(action k8stesting.Action) (bool, watch.Interface, error) {
 		gvr := action.GetResource()
 		ns := action.GetNamespace()
@@ -104,7 +104,7 @@ func start(ctx context.Context, t *testing.T, log *slog.Logger, objs ...runtime.
 	case <-time.After(10 * time.Second):
 		t.Fatal("store never became ready")
 	}
-	for range 3 {
+	for range 4 {
 		select {
 		case <-watching:
 		case <-time.After(10 * time.Second):

@@ -49,6 +49,8 @@ const (
 	SnapshotNode protowire.Number = 2
 	// SnapshotEntries is Snapshot.entries (repeated ServiceEntry).
 	SnapshotEntries protowire.Number = 3
+	// SnapshotResourceVersion is Snapshot.resource_version (uint64).
+	SnapshotResourceVersion protowire.Number = 4
 )
 
 // Fields of proxyplane.v1.Delta, assembled by package table.
@@ -63,6 +65,8 @@ const (
 	DeltaUpserts protowire.Number = 4
 	// DeltaRemovals is Delta.removals (repeated string).
 	DeltaRemovals protowire.Number = 5
+	// DeltaResourceVersion is Delta.resource_version (uint64).
+	DeltaResourceVersion protowire.Number = 6
 )
 
 // Fields of proxyplane.v1.ServiceEntry, assembled by package table around

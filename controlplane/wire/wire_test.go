@@ -46,12 +46,14 @@ var handFields = []handField{
 	{"SnapshotVersion", SnapshotVersion, "proxyplane.v1.Snapshot", "version", protoreflect.StringKind, protowire.BytesType, false, ""},
 	{"SnapshotNode", SnapshotNode, "proxyplane.v1.Snapshot", "node", protoreflect.MessageKind, protowire.BytesType, false, "proxyplane.v1.NodeInfo"},
 	{"SnapshotEntries", SnapshotEntries, "proxyplane.v1.Snapshot", "entries", protoreflect.MessageKind, protowire.BytesType, true, "proxyplane.v1.ServiceEntry"},
+	{"SnapshotResourceVersion", SnapshotResourceVersion, "proxyplane.v1.Snapshot", "resource_version", protoreflect.Uint64Kind, protowire.VarintType, false, ""},
 
 	{"DeltaBaseVersion", DeltaBaseVersion, "proxyplane.v1.Delta", "base_version", protoreflect.StringKind, protowire.BytesType, false, ""},
 	{"DeltaVersion", DeltaVersion, "proxyplane.v1.Delta", "version", protoreflect.StringKind, protowire.BytesType, false, ""},
 	{"DeltaNode", DeltaNode, "proxyplane.v1.Delta", "node", protoreflect.MessageKind, protowire.BytesType, false, "proxyplane.v1.NodeInfo"},
 	{"DeltaUpserts", DeltaUpserts, "proxyplane.v1.Delta", "upserts", protoreflect.MessageKind, protowire.BytesType, true, "proxyplane.v1.ServiceEntry"},
 	{"DeltaRemovals", DeltaRemovals, "proxyplane.v1.Delta", "removals", protoreflect.StringKind, protowire.BytesType, true, ""},
+	{"DeltaResourceVersion", DeltaResourceVersion, "proxyplane.v1.Delta", "resource_version", protoreflect.Uint64Kind, protowire.VarintType, false, ""},
 
 	{"ServiceEntryKey", ServiceEntryKey, "proxyplane.v1.ServiceEntry", "key", protoreflect.StringKind, protowire.BytesType, false, ""},
 	{"ServiceEntryHash", ServiceEntryHash, "proxyplane.v1.ServiceEntry", "hash", protoreflect.Fixed64Kind, protowire.Fixed64Type, false, ""},

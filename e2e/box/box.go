@@ -111,6 +111,10 @@ type Box struct {
 	ControlPlanes []*ControlPlane
 	// Agents are the node agents, by node index.
 	Agents []*Agent
+	// kubeProxies are upstream kube-proxies made by KubeProxy, by node
+	// index; relays stop their API server relays.
+	kubeProxies map[int]*KubeProxy
+	relays      []func()
 
 	zones   map[string]string // by node name
 	grpcurl string
@@ -241,8 +245,11 @@ func (b *Box) start(ctx context.Context) error {
 		// theirs, and nothing of it touches the machine's own network.
 		CommandPrefix: []string{"ip", "netns", "exec", host},
 		// Dual-stack, in the ranges nstest routes; parsed after the
-		// binary's own --service-cluster-ip-range, so it wins.
-		APIServerArgs: []string{"--service-cluster-ip-range=" + serviceCIDRs},
+		// binary's own --service-cluster-ip-range, so it wins. Privileged
+		// containers allowed, as on every real cluster (kubeadm sets it;
+		// kube-proxy's DaemonSet needs it): the agent's init container
+		// is one.
+		APIServerArgs: []string{"--service-cluster-ip-range=" + serviceCIDRs, "--allow-privileged=true"},
 	})
 	if err != nil {
 		return fmt.Errorf("starting the API server: %w", err)
@@ -277,6 +284,9 @@ func (b *Box) start(ctx context.Context) error {
 	if err := b.deploy.apply(ctx, b.adminRC); err != nil {
 		return fmt.Errorf("applying deploy/: %w", err)
 	}
+	if err := writeFiles(b.controlplaneMounts(), b.deploy.ControlplaneFiles); err != nil {
+		return err
+	}
 	cpKubeconfig := filepath.Join(b.dir, "controlplane.kubeconfig")
 	if err := serviceAccountKubeconfig(ctx, b.admin, b.deploy.ServiceAccount, api.URL(), api.Info().CAFile, cpKubeconfig); err != nil {
 		return err
@@ -310,11 +320,10 @@ func (b *Box) start(ctx context.Context) error {
 
 	for i := range b.opts.Replicas {
 		grpcPort := firstGRPCPort + 10*i
-		argv := append([]string{b.binaries.controlplane}, b.deploy.ControlplaneArgs...)
 		// Outside a pod: the kubeconfig stands for the projected token,
 		// and the replicas, sharing host-0, need ports of their own.
 		// pflag keeps the last value of a repeated flag.
-		argv = append(argv, "--kubeconfig="+cpKubeconfig,
+		argv := b.controlplaneArgv("--kubeconfig="+cpKubeconfig,
 			"--grpc-address=:"+strconv.Itoa(grpcPort), "--metrics-address=:"+strconv.Itoa(grpcPort+1))
 		// The box polls ListNodes and WatchTable from host-0's loopback
 		// many times a second (every wait in the box does), far above the
@@ -349,12 +358,36 @@ func (b *Box) start(ctx context.Context) error {
 			TokenFile: hostPath(mounts, b.deploy.AgentMounts.TokenPath),
 			CAFile:    hostPath(mounts, b.deploy.AgentMounts.CAPath),
 		}
-		argv := []string{b.binaries.nodeagent}
-		for _, arg := range b.deploy.NodeagentArgs {
-			argv = append(argv, strings.ReplaceAll(arg, "$(NODE_NAME)", n.Name()))
-		}
 		// The DaemonSet's hostPath and volumes, per node here since the
 		// nodes share this machine's filesystem.
+		if err := writeFiles(mounts, b.deploy.NodeagentFiles); err != nil {
+			return err
+		}
+		nodeArgv := func(args []string) []string {
+			argv := []string{b.binaries.nodeagent}
+			for _, arg := range args {
+				argv = append(argv, strings.ReplaceAll(arg, "$(NODE_NAME)", n.Name()))
+			}
+			return append(argv, hostArgs(args, b.deploy.NodeagentFiles, mounts)...)
+		}
+		nodeEnv := func(environ []string) []string {
+			var env []string
+			for _, e := range environ {
+				env = append(env, strings.ReplaceAll(e, "$(NODE_NAME)", n.Name()))
+			}
+			return env
+		}
+		// The init containers run once, before the agent's first start,
+		// as for a new pod; a restart of the agent's process is one of
+		// its container.
+		for _, c := range b.deploy.NodeagentInit {
+			name := "nodeagent-" + n.Name() + "-" + c.Name
+			p := newProcess(name, n.NS(), filepath.Join(b.dir, "logs", name+".log"), nodeArgv(c.Args), nodeEnv(c.Env))
+			if err := p.Run(ctx); err != nil {
+				return fmt.Errorf("init container %s on %s: %w", c.Name, n.Name(), err)
+			}
+		}
+		argv := nodeArgv(b.deploy.NodeagentArgs)
 		argv = append(argv, "--state-dir="+stateDir)
 		if b.opts.Insecure {
 			argv = append(argv, "--insecure")
@@ -366,12 +399,8 @@ func (b *Box) start(ctx context.Context) error {
 				return err
 			}
 		}
-		var env []string
-		for _, e := range b.deploy.NodeagentEnv {
-			env = append(env, strings.ReplaceAll(e, "$(NODE_NAME)", n.Name()))
-		}
 		name := "nodeagent-" + n.Name()
-		a.Process = newProcess(name, n.NS(), filepath.Join(b.dir, "logs", name+".log"), argv, env)
+		a.Process = newProcess(name, n.NS(), filepath.Join(b.dir, "logs", name+".log"), argv, nodeEnv(b.deploy.NodeagentEnv))
 		b.Agents = append(b.Agents, a)
 	}
 	if !b.opts.Insecure {
@@ -397,14 +426,23 @@ func (b *Box) start(ctx context.Context) error {
 }
 
 // waitGrant waits until the control plane's identity may list what it
-// watches: the RBAC authorizer learns of new bindings through an
-// informer, a moment after the apply returns.
+// watches.
 func (b *Box) waitGrant(ctx context.Context) error {
-	cs, err := kubernetes.NewForConfig(b.cpRC)
-	if err != nil {
-		return fmt.Errorf("creating the control plane's client: %w", err)
+	if err := waitCanList(ctx, b.cpRC); err != nil {
+		return fmt.Errorf("waiting for deploy/'s RBAC to admit the control plane's ServiceAccount: %w", err)
 	}
-	err = Eventually(ctx, func() error {
+	return nil
+}
+
+// waitCanList waits until rc's identity may list what a proxy watches
+// (Services, EndpointSlices, Nodes): the RBAC authorizer learns of new
+// bindings through an informer, a moment after they are created.
+func waitCanList(ctx context.Context, rc *rest.Config) error {
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("creating a client: %w", err)
+	}
+	return Eventually(ctx, func() error {
 		if _, err := cs.CoreV1().Services("").List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
 			return err
 		}
@@ -414,10 +452,6 @@ func (b *Box) waitGrant(ctx context.Context) error {
 		_, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
 		return err
 	})
-	if err != nil {
-		return fmt.Errorf("waiting for deploy/'s RBAC to admit the control plane's ServiceAccount: %w", err)
-	}
-	return nil
 }
 
 // WaitProgrammed waits until every node's table satisfies check (nil
@@ -614,6 +648,12 @@ func (b *Box) Close(ctx context.Context) error {
 		b.stopKubelet()
 	}
 	var errs []error
+	for _, kp := range b.kubeProxies {
+		errs = append(errs, kp.Stop(ctx))
+	}
+	for _, stop := range b.relays {
+		stop()
+	}
 	for _, a := range b.Agents {
 		errs = append(errs, a.Stop(ctx))
 	}
@@ -647,11 +687,29 @@ func (b *Box) logTails() {
 	for _, a := range b.Agents {
 		b.tb.Logf("last lines of %s:\n%s", a.LogPath(), a.LogTail(lines))
 	}
+	for _, kp := range b.kubeProxies {
+		b.tb.Logf("last lines of %s:\n%s", kp.LogPath(), kp.LogTail(lines))
+	}
 }
 
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return !errors.Is(err, fs.ErrNotExist)
+}
+
+// controlplaneMounts is the directory standing for the control plane
+// containers' root, where the box writes the files of their ConfigMap
+// volumes; the replicas share it, as they share the Deployment's
+// ConfigMaps.
+func (b *Box) controlplaneMounts() string { return filepath.Join(b.dir, "mounts", "controlplane") }
+
+// controlplaneArgv is the Deployment's command line with its file
+// arguments pointed at the box's copies, then args, which win over both
+// (pflag keeps the last value of a repeated flag).
+func (b *Box) controlplaneArgv(args ...string) []string {
+	argv := append([]string{b.binaries.controlplane}, b.deploy.ControlplaneArgs...)
+	argv = append(argv, hostArgs(b.deploy.ControlplaneArgs, b.deploy.ControlplaneFiles, b.controlplaneMounts())...)
+	return append(argv, args...)
 }
 
 // StartExtraControlPlane starts one more replica, name, on port (gRPC;
@@ -660,10 +718,10 @@ func fileExists(p string) bool {
 // the box's waits ignore it, so a scenario can open streams to it for any
 // node without displacing that node's agent. It is stopped with the box.
 func (b *Box) StartExtraControlPlane(ctx context.Context, name string, port int, args ...string) (*ControlPlane, error) {
-	argv := append([]string{b.binaries.controlplane}, b.deploy.ControlplaneArgs...)
-	argv = append(argv, "--kubeconfig="+filepath.Join(b.dir, "controlplane.kubeconfig"),
-		"--grpc-address=:"+strconv.Itoa(port), "--metrics-address=:"+strconv.Itoa(port+1), "--peer-rate=0")
-	argv = append(argv, args...)
+	argv := b.controlplaneArgv(append([]string{
+		"--kubeconfig=" + filepath.Join(b.dir, "controlplane.kubeconfig"),
+		"--grpc-address=:" + strconv.Itoa(port), "--metrics-address=:" + strconv.Itoa(port+1), "--peer-rate=0",
+	}, args...)...)
 	c := &ControlPlane{
 		Process: newProcess(name, b.HostNS(), filepath.Join(b.dir, "logs", name+".log"), argv, b.deploy.ControlplaneEnv),
 		Index:   -1, GRPCPort: port, MetricsPort: port + 1,

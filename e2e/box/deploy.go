@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -34,7 +36,8 @@ import (
 )
 
 // Names the box looks for in the rendered base: the workloads whose
-// command lines it runs, and the ConfigMap generator they read.
+// command lines it runs, and the ConfigMap generator of config.env, into
+// which its overlay merges its own values.
 const (
 	controlplaneDeployment = "proxyplane-controlplane"
 	nodeagentDaemonSet     = "proxyplane-nodeagent"
@@ -64,6 +67,15 @@ type Deployment struct {
 	// as NAME=value, resolved the same way; variables the box cannot
 	// resolve outside a pod (resource limits, status.hostIP) are left out.
 	ControlplaneEnv, NodeagentEnv []string
+	// NodeagentInit are the DaemonSet's init containers, expanded the
+	// same way, which the box runs to completion on each node before its
+	// agent, as the kubelet would.
+	NodeagentInit []Container
+	// ControlplaneFiles and NodeagentFiles are the files the pods' ConfigMap
+	// volumes put in their containers, for the ConfigMaps deploy/ renders
+	// itself (the configuration files). The ConfigMap the control plane
+	// publishes at run time, the CA bundle, is in AgentMounts instead.
+	ControlplaneFiles, NodeagentFiles []File
 	// ServiceAccount is the control plane Deployment's ServiceAccount,
 	// as namespace and name.
 	ServiceAccount types.NamespacedName
@@ -74,6 +86,58 @@ type Deployment struct {
 	AgentPod corev1.PodTemplateSpec
 	// AgentMounts are where the agent's pod gets its token and CA bundle.
 	AgentMounts AgentMounts
+}
+
+// Container is one container of a workload as the box runs it.
+type Container struct {
+	// Name is the container's name.
+	Name string
+	// Args and Env are its arguments and environment (NAME=value),
+	// expanded as Deployment's are.
+	Args, Env []string
+}
+
+// File is a file a ConfigMap volume puts in a container.
+type File struct {
+	// Path is the file's path in the container.
+	Path string
+	// Data is its content.
+	Data []byte
+}
+
+// writeFiles writes files under root, each at its container path, as the
+// kubelet would mount them: the box gives each pod a directory standing
+// for its containers' root.
+func writeFiles(root string, files []File) error {
+	for _, f := range files {
+		p := hostPath(root, f.Path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			return fmt.Errorf("creating the directory of %s: %w", p, err)
+		}
+		if err := os.WriteFile(p, f.Data, 0o600); err != nil {
+			return fmt.Errorf("writing %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// hostArgs returns, for each argument --name=PATH naming one of files in
+// the container, --name=<its copy under root>. Appended to the arguments,
+// they point the binary at the files writeFiles wrote: pflag keeps the
+// last value of a repeated flag, and the Deployment's own arguments stay
+// on the command line, as they are.
+func hostArgs(args []string, files []File, root string) []string {
+	var out []string
+	for _, a := range args {
+		name, value, ok := strings.Cut(a, "=")
+		if !ok || !strings.HasPrefix(name, "--") {
+			continue
+		}
+		if slices.ContainsFunc(files, func(f File) bool { return f.Path == value }) {
+			out = append(out, name+"="+hostPath(root, value))
+		}
+	}
+	return out
 }
 
 // AgentMounts are the agent's projected token and CA bundle as the
@@ -191,14 +255,17 @@ func boolRank(b bool) int {
 
 // workloadArgs extracts the two workloads' command lines.
 func (d *Deployment) workloadArgs() error {
-	var cm *corev1.ConfigMap
+	cms := map[string]*corev1.ConfigMap{}
+	generated := false
 	var dep *appsv1.Deployment
 	var ds *appsv1.DaemonSet
 	for _, u := range d.Objects {
 		var into any
 		switch {
-		case u.GetKind() == "ConfigMap" && strings.HasPrefix(u.GetName(), configMapGenerator+"-"):
-			cm = &corev1.ConfigMap{}
+		case u.GetKind() == "ConfigMap":
+			cm := &corev1.ConfigMap{}
+			cms[u.GetName()] = cm
+			generated = generated || strings.HasPrefix(u.GetName(), configMapGenerator+"-")
 			into = cm
 		case u.GetKind() == "Deployment" && u.GetName() == controlplaneDeployment:
 			dep = &appsv1.Deployment{}
@@ -213,7 +280,7 @@ func (d *Deployment) workloadArgs() error {
 			return err
 		}
 	}
-	if cm == nil || dep == nil || ds == nil {
+	if !generated || dep == nil || ds == nil {
 		return fmt.Errorf("rendered deploy/ lacks ConfigMap %s-<hash>, Deployment %s or DaemonSet %s", configMapGenerator, controlplaneDeployment, nodeagentDaemonSet)
 	}
 	if len(dep.Spec.Template.Spec.Containers) != 1 || len(ds.Spec.Template.Spec.Containers) != 1 {
@@ -224,14 +291,35 @@ func (d *Deployment) workloadArgs() error {
 	fields := func(ns, sa string) map[string]string {
 		return map[string]string{"metadata.namespace": ns, "spec.serviceAccountName": sa}
 	}
-	if d.ControlplaneArgs, d.ControlplaneEnv, err = expandArgs(dep.Spec.Template.Spec.Containers[0], cm, fields(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)); err != nil {
+	if d.ControlplaneArgs, d.ControlplaneEnv, err = expandArgs(dep.Spec.Template.Spec.Containers[0], cms, fields(dep.Namespace, dep.Spec.Template.Spec.ServiceAccountName)); err != nil {
+		return fmt.Errorf("Deployment %s: %w", dep.Name, err)
+	}
+	if len(dep.Spec.Template.Spec.InitContainers) > 0 {
+		return fmt.Errorf("Deployment %s: the box runs no init containers of the control plane", dep.Name)
+	}
+	if d.ControlplaneFiles, err = configMapFiles(dep.Spec.Template.Spec, cms); err != nil {
 		return fmt.Errorf("Deployment %s: %w", dep.Name, err)
 	}
 	// The agent's node name comes from spec.nodeName; the box fills it in
 	// per node.
 	agentFields := fields(ds.Namespace, ds.Spec.Template.Spec.ServiceAccountName)
 	agentFields["spec.nodeName"] = "$(NODE_NAME)"
-	if d.NodeagentArgs, d.NodeagentEnv, err = expandArgs(ds.Spec.Template.Spec.Containers[0], cm, agentFields); err != nil {
+	agent := ds.Spec.Template.Spec.Containers[0]
+	if d.NodeagentArgs, d.NodeagentEnv, err = expandArgs(agent, cms, agentFields); err != nil {
+		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
+	}
+	for _, c := range ds.Spec.Template.Spec.InitContainers {
+		// The box has the binaries of proxyplane's images only.
+		if c.Image != agent.Image || len(c.Command) > 0 {
+			return fmt.Errorf("DaemonSet %s: init container %s runs %s %q, not the agent's image and entrypoint", ds.Name, c.Name, c.Image, c.Command)
+		}
+		ic := Container{Name: c.Name}
+		if ic.Args, ic.Env, err = expandArgs(c, cms, agentFields); err != nil {
+			return fmt.Errorf("DaemonSet %s: init container %s: %w", ds.Name, c.Name, err)
+		}
+		d.NodeagentInit = append(d.NodeagentInit, ic)
+	}
+	if d.NodeagentFiles, err = configMapFiles(ds.Spec.Template.Spec, cms); err != nil {
 		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
 	}
 	d.ServiceAccount = types.NamespacedName{Namespace: dep.Namespace, Name: dep.Spec.Template.Spec.ServiceAccountName}
@@ -239,7 +327,7 @@ func (d *Deployment) workloadArgs() error {
 		return fmt.Errorf("Deployment %s names no ServiceAccount", dep.Name)
 	}
 	d.AgentPod = ds.Spec.Template
-	if d.AgentMounts, err = agentMounts(ds.Spec.Template.Spec); err != nil {
+	if d.AgentMounts, err = agentMounts(ds.Spec.Template.Spec, cms); err != nil {
 		return fmt.Errorf("DaemonSet %s: %w", ds.Name, err)
 	}
 	// The flags must name the files the volumes put there, or the agent
@@ -254,10 +342,66 @@ func (d *Deployment) workloadArgs() error {
 	return nil
 }
 
+// configMapFiles returns the files that spec's ConfigMap volumes of
+// rendered ConfigMaps put in its containers (init containers included):
+// every key, or the items listed, under the mount path. Volumes of other
+// ConfigMaps, which the API server holds only at run time, are left out.
+func configMapFiles(spec corev1.PodSpec, rendered map[string]*corev1.ConfigMap) ([]File, error) {
+	volumes := map[string]*corev1.ConfigMapVolumeSource{}
+	for _, v := range spec.Volumes {
+		if v.ConfigMap != nil && rendered[v.ConfigMap.Name] != nil {
+			volumes[v.Name] = v.ConfigMap
+		}
+	}
+	var files []File
+	add := func(p string, data []byte) error {
+		for _, f := range files {
+			if f.Path == p {
+				if !slices.Equal(f.Data, data) {
+					return fmt.Errorf("two containers mount different files at %s", p)
+				}
+				return nil
+			}
+		}
+		files = append(files, File{Path: p, Data: data})
+		return nil
+	}
+	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
+		for _, vm := range c.VolumeMounts {
+			src := volumes[vm.Name]
+			if src == nil {
+				continue
+			}
+			if vm.SubPath != "" {
+				return nil, fmt.Errorf("container %s mounts ConfigMap %s with a subPath, which the box does not play", c.Name, src.Name)
+			}
+			cm := rendered[src.Name]
+			items := src.Items
+			if len(items) == 0 {
+				for _, k := range slices.Sorted(maps.Keys(cm.Data)) {
+					items = append(items, corev1.KeyToPath{Key: k, Path: k})
+				}
+			}
+			for _, it := range items {
+				data, ok := cm.Data[it.Key]
+				if !ok && !ptr.Deref(src.Optional, false) {
+					return nil, fmt.Errorf("container %s mounts key %q, absent from ConfigMap %s", c.Name, it.Key, cm.Name)
+				}
+				if err := add(path.Join(vm.MountPath, it.Path), []byte(data)); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	return files, nil
+}
+
 // agentMounts finds the agent's projected ServiceAccount token and its
-// ConfigMap CA bundle in its pod spec: the box plays the kubelet for
-// both, so it writes what the manifest asks for, where it asks.
-func agentMounts(spec corev1.PodSpec) (AgentMounts, error) {
+// CA bundle, the one ConfigMap volume of a ConfigMap deploy/ does not
+// render (the control plane publishes it), in its pod spec: the box plays
+// the kubelet for both, so it writes what the manifest asks for, where it
+// asks.
+func agentMounts(spec corev1.PodSpec, rendered map[string]*corev1.ConfigMap) (AgentMounts, error) {
 	var m AgentMounts
 	c := spec.Containers[0]
 	mountOf := func(volume string) (string, bool) {
@@ -280,7 +424,12 @@ func agentMounts(spec corev1.PodSpec) (AgentMounts, error) {
 					m.TokenExpirationSeconds = ptr.Deref(t.ExpirationSeconds, 3600)
 				}
 			}
+		case v.ConfigMap != nil && rendered[v.ConfigMap.Name] != nil:
+			// A configuration file: configMapFiles.
 		case v.ConfigMap != nil:
+			if m.CAConfigMap != "" {
+				return m, fmt.Errorf("ConfigMaps %s and %s are both mounted and neither is rendered: which is the CA bundle?", m.CAConfigMap, v.ConfigMap.Name)
+			}
 			m.CAConfigMap = v.ConfigMap.Name
 			for _, it := range v.ConfigMap.Items {
 				m.CAKey, m.CAPath = it.Key, filepath.Join(dir, it.Path)
@@ -308,14 +457,14 @@ func fromUnstructured(u *unstructured.Unstructured, into any) error {
 var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 
 // expandArgs expands $(VAR) in c's args from its env, resolving
-// configMapKeyRef against cm and fieldRef against fields, as the kubelet
-// does, and returns the args and the resolved environment (NAME=value, in
-// the container's order). Unlike the kubelet, which leaves an unknown
-// reference as it is, a reference to a variable that cannot be resolved
-// is an error: in a manifest under test it is a bug. A configMapKeyRef to
-// another ConfigMap is one too, since kustomize should have rewritten it
-// to the generated name.
-func expandArgs(c corev1.Container, cm *corev1.ConfigMap, fields map[string]string) ([]string, []string, error) {
+// configMapKeyRef against the rendered ConfigMaps, by name, and fieldRef
+// against fields, as the kubelet does, and returns the args and the
+// resolved environment (NAME=value, in the container's order). Unlike the
+// kubelet, which leaves an unknown reference as it is, a reference to a
+// variable that cannot be resolved is an error: in a manifest under test
+// it is a bug. A configMapKeyRef to a ConfigMap not rendered is one too,
+// since kustomize should have rewritten it to the generated name.
+func expandArgs(c corev1.Container, rendered map[string]*corev1.ConfigMap, fields map[string]string) ([]string, []string, error) {
 	env := map[string]string{}
 	unresolved := map[string]string{}
 	for _, e := range c.Env {
@@ -329,8 +478,9 @@ func expandArgs(c corev1.Container, cm *corev1.ConfigMap, fields map[string]stri
 			})
 		case e.ValueFrom.ConfigMapKeyRef != nil:
 			ref := e.ValueFrom.ConfigMapKeyRef
-			if ref.Name != cm.Name {
-				return nil, nil, fmt.Errorf("env %s reads ConfigMap %q, not the generated %q", e.Name, ref.Name, cm.Name)
+			cm := rendered[ref.Name]
+			if cm == nil {
+				return nil, nil, fmt.Errorf("env %s reads ConfigMap %q, which deploy/ does not render", e.Name, ref.Name)
 			}
 			v, ok := cm.Data[ref.Key]
 			if !ok && !ptr.Deref(ref.Optional, false) {

@@ -13,9 +13,11 @@
 // Deployment's arguments, authenticated by a TokenRequest token of the
 // Deployment's ServiceAccount: exactly the RBAC deploy/ grants, not
 // admin. One agent per node runs in the node's namespace with the
-// DaemonSet's arguments, expanded from the rendered ConfigMap as the
-// kubelet would, and dials the replicas on host-0's LAN address, as a
-// real agent dials control-plane nodes.
+// DaemonSet's arguments, expanded from the rendered ConfigMaps as the
+// kubelet would, after the DaemonSet's init container, and dials the
+// replicas on host-0's LAN address, as a real agent dials control-plane
+// nodes. Both read their configuration files from the box's copies of
+// their ConfigMap volumes.
 //
 //	test process (root namespace) --dial inside host-0--> API server, replicas
 //	host-0  192.168.100.200: e2e-apiserver (127.0.0.1), controlplane-0 :9640/:9641,

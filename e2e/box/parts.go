@@ -304,14 +304,14 @@ func (m Metrics) Sum(name string) float64 {
 	return sum
 }
 
-// Histogram returns the sample count and sum of histogram name.
+// Histogram returns the sample count and sum of histogram name, across
+// its labels (ip_family, say).
 func (m Metrics) Histogram(name string) (count uint64, sum float64) {
-	f := m[name]
-	if f == nil || len(f.GetMetric()) == 0 {
-		return 0, 0
+	for _, mt := range m[name].GetMetric() {
+		count += mt.GetHistogram().GetSampleCount()
+		sum += mt.GetHistogram().GetSampleSum()
 	}
-	h := f.GetMetric()[0].GetHistogram()
-	return h.GetSampleCount(), h.GetSampleSum()
+	return count, sum
 }
 
 func label(m *dto.Metric, name string) string {

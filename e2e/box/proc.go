@@ -127,6 +127,29 @@ func (p *Process) StartWith(env ...string) error {
 	return nil
 }
 
+// Run starts the process and waits for it to exit, as an init container
+// runs: an exit status other than success is an error, with the end of
+// the log. When ctx ends first the process is killed.
+func (p *Process) Run(ctx context.Context) error {
+	if err := p.Start(); err != nil {
+		return err
+	}
+	select {
+	case <-p.Exited():
+	case <-ctx.Done():
+		p.Kill()
+		return fmt.Errorf("%s did not finish: %w", p.name, context.Cause(ctx))
+	}
+	p.mu.Lock()
+	err := p.waitErr
+	p.cmd = nil
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%s failed: %w\n%s", p.name, err, p.LogTail(20))
+	}
+	return nil
+}
+
 // Stop sends SIGTERM and waits for the process to exit, killing it if it
 // has not within stopTimeout or when ctx ends. Stopping a stopped process
 // does nothing. An exit status other than success or death by SIGTERM is

@@ -191,10 +191,10 @@ func (e *env) testControlPlaneDown(t *testing.T) {
 		ns := tp.PodNS(podOn(b, 1))
 		addr := box.ClusterAddr(web)
 		a.Kill()
-		if out, err := tp.Exec(a.Node.NS(), "nft", "flush", "ruleset"); err != nil {
+		if out, err := tp.ExecContext(ctx, a.Node.NS(), "nft", "flush", "ruleset"); err != nil {
 			t.Fatalf("deleting node-1's rules: %v: %s", err, out)
 		}
-		out, err := tp.Exec(a.Node.NS(), "nft", "list", "ruleset")
+		out, err := tp.ExecContext(ctx, a.Node.NS(), "nft", "list", "ruleset")
 		if err != nil {
 			t.Fatalf("listing node-1's rules: %v", err)
 		}

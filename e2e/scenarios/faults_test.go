@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/proxyplane/proxyplane/e2e/box"
-	"github.com/proxyplane/proxyplane/nodeagent/failpoint"
+	"github.com/proxyplane/proxyplane/internal/failpoint"
 )
 
 // testAgentKilledMidApply kills node-2's agent (SIGKILL, through its
@@ -90,6 +90,102 @@ func (e *env) testAgentKilledMidApply(t *testing.T) {
 			figure(t, "agent-killed-mid-apply", "point=%s change-reached-after-restart=%s", point, ms(at.Sub(killed)))
 		})
 	}
+}
+
+// testControlPlaneKilledMidStream kills a control plane replica (SIGKILL,
+// through its failpoint) just after it handed an agent a table response,
+// before the ACK. Every agent is first moved onto that replica (the other
+// one restarted), so that the change below goes out through it. Its agents
+// fail over to the other replica; under steady probes no connection fails,
+// the change reaches every node, and the surviving replica records each
+// agent's version in force as acknowledged.
+func (e *env) testControlPlaneKilledMidStream(t *testing.T) {
+	ctx := e.begin(t)
+	b := e.b
+	tp := b.Topology()
+	web := webService(t, e)
+	armed, other := b.ControlPlanes[0], b.ControlPlanes[1]
+	probes := map[string]*box.Probe{
+		"client":                         b.StartProbe(tp.ClientNS(), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
+		podName(podOn(b, 2)) + "@node-2": b.StartProbe(tp.PodNS(podOn(b, 2)), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
+	}
+	defer func() {
+		for name, p := range probes {
+			r := p.Stop()
+			figure(t, "cp-kill-probe", "from=%s dials=%d failed=%d over=%s", name, r.Dials, r.Failures, ms(r.Duration))
+			if r.Failures != 0 {
+				t.Errorf("probe from %s: %d of %d connections failed through the kill; first: %v", name, r.Failures, r.Dials, r.Errors)
+			}
+		}
+		// Leave the replica as it was: running, and unarmed.
+		if armed.Running() {
+			_ = armed.Stop(ctx)
+		}
+		if err := armed.StartReady(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	for _, p := range probes {
+		if err := p.WaitDials(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := armed.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := armed.StartWith(failpoint.Env + "=" + failpoint.AfterSend); err != nil {
+		t.Fatal(err)
+	}
+	if err := armed.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Restart(ctx); err != nil { // its agents move to armed
+		t.Fatal(err)
+	}
+	var onArmed []string
+	if err := box.Eventually(ctx, func() error {
+		on, _, err := b.Connections(ctx)
+		if err != nil {
+			return err
+		}
+		onArmed = onArmed[:0]
+		for node, c := range on {
+			if c == armed {
+				onArmed = append(onArmed, node)
+			}
+		}
+		if len(onArmed) == 0 {
+			return fmt.Errorf("no agent on %s: %v", armed.Name(), on)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	svc, _, err := b.CreateService(ctx, box.NewService("cp-killed"), podOn(b, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-armed.Exited():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s never reached failpoint %s\n%s", armed.Name(), failpoint.AfterSend, armed.LogTail(20))
+	}
+	if err := armed.ExitError(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("%s exited with %v, want killed at %s", armed.Name(), err, failpoint.AfterSend)
+	}
+	killed := time.Now()
+	at, err := b.DialUntil(ctx, tp.PodNS(podOn(b, 2)), box.ClusterAddr(svc), "")
+	if err != nil {
+		t.Fatalf("the change never reached node-2 after the kill: %v", err)
+	}
+	versions, err := b.WaitProgrammed(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitResynced(ctx, t, b, versions)
+	figure(t, "cp-killed-mid-stream", "moved=%s change-reached-node-2-after-kill=%s", strings.Join(onArmed, ","), ms(at.Sub(killed)))
 }
 
 // testCleanup runs `nodeagent --cleanup` in node-2, its agent stopped, as

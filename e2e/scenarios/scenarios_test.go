@@ -57,7 +57,9 @@ func TestScenarios(t *testing.T) {
 	t.Run("APIServerRestart", e.testAPIServerRestart)
 	t.Run("NodeBeingDeleted", e.testNodeBeingDeleted)
 	t.Run("AgentKilledMidApply", e.testAgentKilledMidApply)
+	t.Run("ControlPlaneKilledMidStream", e.testControlPlaneKilledMidStream)
 	t.Run("Cleanup", e.testCleanup)
+	t.Run("Migration", e.testMigration)
 	if insecure {
 		t.Log("E2E_INSECURE=1: the authentication scenarios are skipped")
 	} else {

@@ -499,7 +499,12 @@ func HostPort(ip netip.Addr, port int) string {
 // includes the output, which is where tools such as iptables explain
 // themselves.
 func (tp *Topology) Exec(ns string, name string, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), ExecTimeout)
+	return tp.ExecContext(context.Background(), ns, name, args...)
+}
+
+// ExecContext is Exec, given up also when ctx ends.
+func (tp *Topology) ExecContext(ctx context.Context, ns string, name string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, ExecTimeout)
 	defer cancel()
 	return execIn(ctx, ns, name, args...)
 }

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/failpoint"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
-	"github.com/proxyplane/proxyplane/nodeagent/failpoint"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -41,6 +41,9 @@ type Config struct {
 	// each rule sync. They report their own errors: the rules are in force
 	// whatever they do.
 	AfterSync []func(ctx context.Context, t *proxytable.Table)
+	// Families are the IP families the dataplane programs, for the
+	// metrics kube-proxy labels with ip_family.
+	Families []dataplane.Family
 }
 
 // Agent owns the table in force. Create it with New and run it with Run.
@@ -172,7 +175,16 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 		return err // nothing to program: health is unaffected
 	}
 	a.health.Queued(time.Now())
-	metrics.SyncProxyRulesLastQueuedTimestamp.SetToCurrentTime()
+	metrics.ObserveQueued(a.cfg.Families)
+	// A response the agent fails to program is NACKed, not retried: its
+	// changes are pending only while it is being programmed.
+	services, endpoints := changes(cur, next, changed)
+	metrics.ServiceChangesTotal.Add(float64(services))
+	metrics.EndpointChangesTotal.Add(float64(endpoints))
+	metrics.ServiceChangesPending.Set(float64(services))
+	metrics.EndpointChangesPending.Set(float64(endpoints))
+	defer metrics.ServiceChangesPending.Set(0)
+	defer metrics.EndpointChangesPending.Set(0)
 	full := changed == nil || a.needFull
 	if err := a.store.Save(next, changed, changed == nil); err != nil {
 		return fmt.Errorf("persisting table: %w", err)
@@ -187,7 +199,7 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 	}
 	failpoint.Hit(failpoint.AfterProgram)
 	if changed != nil {
-		observeTriggerTimes(resp.GetDelta().GetUpserts())
+		observeTriggerTimes(resp.GetDelta().GetUpserts(), a.cfg.Families)
 	}
 	metrics.CacheSavedTimestamp.SetToCurrentTime()
 	return nil
@@ -201,14 +213,7 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 		return err
 	}
 	a.needFull = false
-	took := time.Since(start).Seconds()
-	metrics.SyncProxyRulesDuration.Observe(took)
-	if full {
-		metrics.SyncFullProxyRulesDuration.Observe(took)
-	} else {
-		metrics.SyncPartialProxyRulesDuration.Observe(took)
-	}
-	metrics.SyncProxyRulesLastTimestamp.SetToCurrentTime()
+	// Sync durations are each family's, observed by its Driver.
 	a.saved = t
 	a.inForce.Store(t)
 	if a.reported != t.Version {
@@ -225,12 +230,20 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 }
 
 // observeTriggerTimes records network programming latency for changed
-// entries, as kube-proxy does from the endpoints' trigger time.
-func observeTriggerTimes(entries []*pb.ServiceEntry) {
+// entries, as kube-proxy does from the endpoints' trigger time: once per
+// family of the node that the Service has a cluster IP of, as each of
+// kube-proxy's per-family proxiers does for the Services it programs.
+func observeTriggerTimes(entries []*pb.ServiceEntry, families []dataplane.Family) {
 	now := time.Now()
 	for _, e := range entries {
-		if ts := e.GetTriggerTime(); ts != nil && ts.IsValid() {
-			metrics.NetworkProgrammingDuration.Observe(now.Sub(ts.AsTime()).Seconds())
+		ts := e.GetTriggerTime()
+		if ts == nil || !ts.IsValid() {
+			continue
+		}
+		for _, f := range families {
+			if len(f.Addrs(e.GetService().GetClusterIps())) > 0 {
+				metrics.NetworkProgrammingDuration.WithLabelValues(f.String()).Observe(now.Sub(ts.AsTime()).Seconds())
+			}
 		}
 	}
 }

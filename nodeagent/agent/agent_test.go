@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -97,7 +98,7 @@ func run(t *testing.T, a *Agent) {
 }
 
 func newAgent(r *recorder, cached *proxytable.Table) *Agent {
-	return New(Config{SyncPeriod: time.Hour, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond}, r, r, cached, slog.New(slog.DiscardHandler))
+	return New(Config{SyncPeriod: time.Hour, RetryMin: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond, Families: []dataplane.Family{dataplane.IPv4}}, r, r, cached, slog.New(slog.DiscardHandler))
 }
 
 func TestCachedTableIsProgrammedFirst(t *testing.T) {
@@ -137,11 +138,11 @@ func TestApplyPersistsThenPrograms(t *testing.T) {
 	a := newAgent(r, nil)
 	run(t, a)
 	first := snapshot(entry("a", 1, 80), entry("b", 2, 80))
-	metrics.SyncProxyRulesLastQueuedTimestamp.Set(0)
+	metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues("IPv4").Set(0)
 	if _, err := a.Apply(context.Background(), first); err != nil {
 		t.Fatal(err)
 	}
-	if got := testutil.ToFloat64(metrics.SyncProxyRulesLastQueuedTimestamp); got == 0 {
+	if got := testutil.ToFloat64(metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues("IPv4")); got == 0 {
 		t.Error("sync_proxy_rules_last_queued_timestamp_seconds not set by a queued table")
 	}
 	v1 := first.GetSnapshot().GetVersion()

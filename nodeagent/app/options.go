@@ -6,6 +6,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/proxyplane/proxyplane/nodeagent/client"
+	"github.com/proxyplane/proxyplane/nodeagent/config"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 )
 
@@ -40,26 +42,20 @@ type Options struct {
 	NodeName string
 	// StateDir holds the table cache.
 	StateDir string
-	// ProxyMode selects the dataplane: iptables, nftables or ipvs.
-	ProxyMode string
-	// IPVSScheduler is the IPVS scheduler in ipvs mode.
-	IPVSScheduler string
-	// HealthzBindAddress serves /healthz and /livez.
-	HealthzBindAddress string
-	// MetricsBindAddress serves /metrics.
-	MetricsBindAddress string
-	// ClusterCIDRs are the pod CIDRs, for local-traffic detection in
-	// ClusterCIDR mode.
-	ClusterCIDRs []string
-	// DetectLocalMode is ClusterCIDR, NodeCIDR or None, as kube-proxy's.
-	DetectLocalMode string
-	// MasqueradeBit is the fwmark bit marking packets to masquerade.
-	MasqueradeBit int
-	// NodePortAddresses limits NodePorts to these CIDRs; empty means all
-	// local addresses.
-	NodePortAddresses []string
-	// SyncPeriod is the interval between full syncs.
-	SyncPeriod time.Duration
+	// Proxy is what kube-proxy's configuration names: from the
+	// KubeProxyConfiguration at ConfigFile when one is given (its flags
+	// are then ignored, as kube-proxy ignores them), else from the flags.
+	config.Proxy
+	// ConfigFile is a KubeProxyConfiguration (kube-proxy's --config).
+	ConfigFile string
+	// InitOnly sets the conntrack sysctls and exits (kube-proxy's
+	// --init-only): for a privileged init container, so that the agent
+	// itself needs no writable /proc/sys.
+	InitOnly bool
+	// RandomFully masquerades with fully random source ports. kube-proxy
+	// decides it from its iptables version; the agent's images all have
+	// it, and this turns it off for kernels or tools without it.
+	RandomFully bool
 	// ControlPlaneTimeout is how long /healthz stays healthy while no
 	// control plane answers; 0 forever.
 	ControlPlaneTimeout time.Duration
@@ -82,6 +78,13 @@ type Options struct {
 	// TokenFile is the bearer token proving this node, read on every
 	// connect.
 	TokenFile string
+
+	// proxyFlags are the names of the flags of Proxy, which --config
+	// overrides.
+	proxyFlags []string
+	// conntrackTCPBeLiberal is the kernel's nf_conntrack_tcp_be_liberal,
+	// which Run reads once it has set the sysctls.
+	conntrackTCPBeLiberal bool
 }
 
 // NewOptions returns the defaults.
@@ -93,19 +96,9 @@ func NewOptions() *Options {
 	return &Options{
 		NodeName: strings.ToLower(name),
 		StateDir: "/var/lib/proxyplane",
-		// kube-proxy's default mode, so replacing it changes nothing
-		// unless asked; nftables is the faster choice (docs/benchmarks.md).
-		ProxyMode: "iptables",
-		// kube-proxy's default scheduler: round robin.
-		IPVSScheduler: "rr",
-		// kube-proxy's ports, so existing probes and scrapes keep working.
-		HealthzBindAddress: "0.0.0.0:10256",
-		MetricsBindAddress: "127.0.0.1:10249",
-		DetectLocalMode:    "ClusterCIDR",
-		// kube-proxy's default masquerade bit.
-		MasqueradeBit: 14,
-		// kube-proxy's default iptables syncPeriod.
-		SyncPeriod: 30 * time.Second,
+		// Upstream's defaults, each with its reason there.
+		Proxy:       config.DefaultProxy(),
+		RandomFully: true,
 		// Often enough that replicas are even again within a minute of a
 		// rollout; each check is one health RPC on a new connection.
 		FailbackInterval: 30 * time.Second,
@@ -131,19 +124,18 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, as kubeadm's kube-proxy ConfigMap holds). As kube-proxy, the flags it covers are then ignored, except the logging flags and --node-name/--hostname-override.")
+	fs.BoolVar(&o.InitOnly, "init-only", o.InitOnly, "Set the conntrack sysctls (which needs a writable /proc/sys) and exit, as kube-proxy's --init-only; the agent then needs only NET_ADMIN and NET_RAW.")
 	fs.BoolVar(&o.Cleanup, "cleanup", o.Cleanup, "Remove every rule proxyplane programs, in every mode and family (iptables chains and jumps, the nftables tables, IPVS virtual servers, addresses and sets), and exit.")
 	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP.")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name (default: $NODE_NAME, else the hostname).")
+	fs.StringVar(&o.NodeName, "hostname-override", o.NodeName, "kube-proxy's name for --node-name.")
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory holding the table cache.")
-	fs.StringVar(&o.ProxyMode, "proxy-mode", o.ProxyMode, "Dataplane: iptables, nftables or ipvs.")
-	fs.StringVar(&o.IPVSScheduler, "ipvs-scheduler", o.IPVSScheduler, "IPVS scheduler in ipvs mode: "+strings.Join(ipvs.Schedulers, ", ")+".")
-	fs.StringVar(&o.HealthzBindAddress, "healthz-bind-address", o.HealthzBindAddress, "Address serving /healthz and /livez.")
-	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", o.MetricsBindAddress, "Address serving /metrics.")
-	fs.StringSliceVar(&o.ClusterCIDRs, "cluster-cidr", o.ClusterCIDRs, "Pod CIDRs of the cluster, for --detect-local-mode=ClusterCIDR.")
-	fs.StringVar(&o.DetectLocalMode, "detect-local-mode", o.DetectLocalMode, "How to tell pod traffic from other traffic: ClusterCIDR, NodeCIDR or None.")
-	fs.IntVar(&o.MasqueradeBit, "masquerade-bit", o.MasqueradeBit, "fwmark bit (0-31) marking packets to masquerade.")
-	fs.StringSliceVar(&o.NodePortAddresses, "nodeport-addresses", o.NodePortAddresses, "CIDRs whose local addresses accept NodePorts; empty for all.")
-	fs.DurationVar(&o.SyncPeriod, "sync-period", o.SyncPeriod, "Interval between full syncs of the kernel rules.")
+	fs.BoolVar(&o.RandomFully, "random-fully", o.RandomFully, "Masquerade with fully random source ports (NF_NAT_RANGE_PROTO_RANDOM_FULLY); false for kernels or iptables older than 1.6.2 without it.")
+	pfs := pflag.NewFlagSet("kube-proxy", pflag.ContinueOnError)
+	o.addProxyFlags(pfs)
+	pfs.VisitAll(func(f *pflag.Flag) { o.proxyFlags = append(o.proxyFlags, f.Name) })
+	fs.AddFlagSet(pfs)
 	fs.DurationVar(&o.ControlPlaneTimeout, "control-plane-timeout", o.ControlPlaneTimeout, "How long /healthz stays healthy while no control plane answers (the rules in force keep forwarding; /livez is unaffected); 0 forever, as kube-proxy never fails for the API server's absence.")
 	fs.DurationVar(&o.FailbackInterval, "failback-interval", o.FailbackInterval, "How often an agent streaming from a replica other than its preferred one checks whether the preferred one serves again, and returns to it; 0 never.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
@@ -154,10 +146,101 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "TESTS ONLY: plaintext to the control plane and no token. Anyone on the path can then read this node's table, and anyone answering on a control plane address can program any rule on this node.")
 }
 
+// addProxyFlags registers the flags of Proxy, under kube-proxy's names
+// (and the agent's older ones beside some).
+func (o *Options) addProxyFlags(fs *pflag.FlagSet) {
+	p, ct := &o.Proxy, &o.Conntrack
+	fs.StringVar(&p.ProxyMode, "proxy-mode", p.ProxyMode, "Dataplane: iptables, nftables or ipvs.")
+	fs.StringVar(&p.IPVSScheduler, "ipvs-scheduler", p.IPVSScheduler, "IPVS scheduler in ipvs mode: "+strings.Join(ipvs.Schedulers, ", ")+".")
+	fs.DurationVar(&p.IPVSTCPTimeout, "ipvs-tcp-timeout", p.IPVSTCPTimeout, "Timeout of idle IPVS TCP connections in ipvs mode; 0 leaves the kernel's.")
+	fs.DurationVar(&p.IPVSTCPFinTimeout, "ipvs-tcpfin-timeout", p.IPVSTCPFinTimeout, "Timeout of IPVS TCP connections after a FIN in ipvs mode; 0 leaves the kernel's.")
+	fs.DurationVar(&p.IPVSUDPTimeout, "ipvs-udp-timeout", p.IPVSUDPTimeout, "Timeout of IPVS UDP flows in ipvs mode; 0 leaves the kernel's.")
+	fs.StringVar(&p.HealthzBindAddress, "healthz-bind-address", p.HealthzBindAddress, "Address serving /healthz and /livez.")
+	fs.StringVar(&p.MetricsBindAddress, "metrics-bind-address", p.MetricsBindAddress, "Address serving /metrics.")
+	fs.StringVar(&p.BindAddress, "bind-address", p.BindAddress, "This node's primary IP, as kube-proxy's (it binds nothing): lets the node reach its own load balancer IPs past loadBalancerSourceRanges.")
+	fs.StringSliceVar(&p.ClusterCIDRs, "cluster-cidr", p.ClusterCIDRs, "Pod CIDRs of the cluster, for --detect-local-mode=ClusterCIDR.")
+	fs.StringVar(&p.DetectLocalMode, "detect-local-mode", p.DetectLocalMode, "How to tell pod traffic from other traffic: ClusterCIDR, NodeCIDR or None.")
+	fs.IntVar(&p.MasqueradeBit, "masquerade-bit", p.MasqueradeBit, "fwmark bit (0-31) marking packets to masquerade.")
+	fs.IntVar(&p.MasqueradeBit, "iptables-masquerade-bit", p.MasqueradeBit, "kube-proxy's name for --masquerade-bit.")
+	fs.BoolVar(&p.MasqueradeAll, "masquerade-all", p.MasqueradeAll, "Masquerade all traffic to Service ClusterIPs (some CNI plugins need it).")
+	fs.BoolVar(&p.LocalhostNodePorts, "iptables-localhost-nodeports", p.LocalhostNodePorts, "Accept NodePorts on 127.0.0.1 in iptables mode (IPv4 only; sets route_localnet=1 and drops martians), kube-proxy's default; off by default here (docs/semantics.md).")
+	fs.StringSliceVar(&p.NodePortAddresses, "nodeport-addresses", p.NodePortAddresses, "CIDRs whose local addresses accept NodePorts; empty for all.")
+	fs.DurationVar(&p.SyncPeriod, "sync-period", p.SyncPeriod, "Interval between full syncs of the kernel rules.")
+	fs.IntVar(&ct.MaxPerCore, "conntrack-max-per-core", ct.MaxPerCore, "nf_conntrack_max per CPU (0 leaves it and ignores --conntrack-min).")
+	fs.IntVar(&ct.Min, "conntrack-min", ct.Min, "Least nf_conntrack_max, whatever --conntrack-max-per-core gives.")
+	fs.DurationVar(&ct.TCPEstablishedTimeout, "conntrack-tcp-timeout-established", ct.TCPEstablishedTimeout, "Idle timeout of established TCP flows (0 leaves the kernel's).")
+	fs.DurationVar(&ct.TCPCloseWaitTimeout, "conntrack-tcp-timeout-close-wait", ct.TCPCloseWaitTimeout, "Timeout of TCP flows in CLOSE_WAIT (0 leaves the kernel's).")
+	fs.BoolVar(&ct.TCPBeLiberal, "conntrack-tcp-be-liberal", ct.TCPBeLiberal, "Set nf_conntrack_tcp_be_liberal: out-of-window TCP packets are not INVALID (and INVALID packets are then not dropped).")
+	fs.DurationVar(&ct.UDPTimeout, "conntrack-udp-timeout", ct.UDPTimeout, "Idle timeout of unanswered UDP flows (0 leaves the kernel's).")
+	fs.DurationVar(&ct.UDPStreamTimeout, "conntrack-udp-timeout-stream", ct.UDPStreamTimeout, "Idle timeout of answered UDP flows (0 leaves the kernel's).")
+}
+
+// Loaded is what Complete read from --config, for Log once logging is set
+// up.
+type Loaded struct {
+	// Path is the file.
+	Path string
+	// Ignored are the file's fields that do not apply to the agent.
+	Ignored []string
+	// IgnoredFlags are flags given beside --config that the file
+	// overrides.
+	IgnoredFlags []string
+	// Lenient is the strict decoding error of a file decoded leniently.
+	Lenient error
+}
+
+// Log writes one warning per kind of thing the file's reading left aside.
+func (l *Loaded) Log(log *slog.Logger) {
+	if l == nil {
+		return
+	}
+	if l.Lenient != nil {
+		log.Warn("using lenient decoding as strict decoding failed", "file", l.Path, "err", l.Lenient)
+	}
+	if len(l.Ignored) > 0 {
+		log.Warn("the kube-proxy configuration sets fields that do not apply to the node agent; they are ignored", "file", l.Path, "fields", l.Ignored)
+	}
+	if len(l.IgnoredFlags) > 0 {
+		log.Warn("flags ignored: --config overrides them, as it does kube-proxy's", "file", l.Path, "flags", l.IgnoredFlags)
+	}
+}
+
+// Complete reads --config, if given, as kube-proxy does: the file's
+// settings replace those of the flags (upstream's defaults standing for
+// what it leaves unset), except that the logging flags and
+// --node-name/--hostname-override given on the command line win. fs is
+// the parsed flag set AddFlags registered on.
+func (o *Options) Complete(fs *pflag.FlagSet) (*Loaded, error) {
+	if o.ConfigFile == "" {
+		return nil, nil
+	}
+	f, err := config.Load(o.ConfigFile)
+	if err != nil {
+		return nil, err
+	}
+	l := &Loaded{Path: o.ConfigFile, Ignored: f.Ignored, Lenient: f.Lenient}
+	for _, name := range o.proxyFlags {
+		if fs.Changed(name) {
+			l.IgnoredFlags = append(l.IgnoredFlags, "--"+name)
+		}
+	}
+	o.Proxy = f.Proxy
+	if f.HostnameOverride != "" && !fs.Changed("node-name") && !fs.Changed("hostname-override") {
+		o.NodeName = f.HostnameOverride
+	}
+	if f.LoggingFormat != "" && !fs.Changed("logging-format") {
+		o.Logging.Format = f.LoggingFormat
+	}
+	if f.Verbosity > 0 && !fs.Changed("v") && !fs.Changed("log-level") {
+		o.Logging.V = f.Verbosity
+	}
+	return l, nil
+}
+
 // Validate reports every invalid option at once.
 func (o *Options) Validate() error {
 	var errs []error
-	if len(o.ControlPlanes) == 0 && !o.Cleanup {
+	if len(o.ControlPlanes) == 0 && !o.Cleanup && !o.InitOnly {
 		errs = append(errs, errors.New("--control-plane is required"))
 	}
 	for _, cp := range o.ControlPlanes {
@@ -191,12 +274,9 @@ func (o *Options) Validate() error {
 		errs = append(errs, fmt.Errorf("--nodeport-addresses: %w", err))
 	}
 	switch o.DetectLocalMode {
-	case "ClusterCIDR":
-		// --cleanup removes rules whatever CIDR they were written for.
-		if len(o.ClusterCIDRs) == 0 && !o.Cleanup {
-			errs = append(errs, errors.New("--detect-local-mode=ClusterCIDR needs --cluster-cidr"))
-		}
-	case "NodeCIDR", "None":
+	case "ClusterCIDR", "NodeCIDR", "None":
+		// ClusterCIDR without a CIDR is valid, as kube-proxy's: the
+		// family is then not told apart (Run warns).
 	default:
 		errs = append(errs, fmt.Errorf("--detect-local-mode %q: want ClusterCIDR, NodeCIDR or None", o.DetectLocalMode))
 	}
@@ -211,6 +291,22 @@ func (o *Options) Validate() error {
 	}
 	if o.SyncPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--sync-period %s: want at least 1s", o.SyncPeriod))
+	}
+	if a, err := netip.ParseAddr(o.BindAddress); err != nil {
+		errs = append(errs, fmt.Errorf("--bind-address %q: %w", o.BindAddress, err))
+	} else if a.Zone() != "" {
+		errs = append(errs, fmt.Errorf("--bind-address %q: want an address without a zone", o.BindAddress))
+	}
+	for _, d := range []struct {
+		flag string
+		d    time.Duration
+	}{{"--ipvs-tcp-timeout", o.IPVSTCPTimeout}, {"--ipvs-tcpfin-timeout", o.IPVSTCPFinTimeout}, {"--ipvs-udp-timeout", o.IPVSUDPTimeout}} {
+		if d.d < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: want 0 or more", d.flag, d.d))
+		}
+	}
+	if err := o.Conntrack.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	switch o.IPTablesBackend {
 	case "auto", "nft", "legacy":

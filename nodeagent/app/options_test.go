@@ -21,7 +21,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"relative state dir", append(base, "--state-dir=var/lib"), "absolute"},
 		{"unknown mode", append(base, "--proxy-mode=ebpf"), "--proxy-mode"},
 		{"bad cluster cidr", append(base, "--cluster-cidr=10.244.0.0/33"), "--cluster-cidr"},
-		{"ClusterCIDR mode without cidr", []string{"--control-plane=a:1", "--node-name=n"}, "needs --cluster-cidr"},
+		{"ClusterCIDR mode without cidr, as kubeadm without --pod-network-cidr", []string{"--control-plane=a:1", "--node-name=n"}, ""},
 		{"cleanup needs neither control plane nor cidr", []string{"--cleanup", "--node-name=n"}, ""},
 		{"NodeCIDR mode needs no cidr", []string{"--control-plane=a:1", "--node-name=n", "--detect-local-mode=NodeCIDR"}, ""},
 		{"bad local mode", append(base, "--detect-local-mode=Bridge"), "--detect-local-mode"},
@@ -35,6 +35,10 @@ func TestOptionsValidate(t *testing.T) {
 		{"relative token file", append(base, "--token-file=token"), "--token-file"},
 		{"bad server name", append(base, "--tls-server-name=Not A Name"), "--tls-server-name"},
 		{"insecure needs no files", append(base, "--insecure", "--ca-file=", "--token-file="), ""},
+		{"init-only needs no control plane", []string{"--init-only", "--node-name=n", "--cluster-cidr=10.244.0.0/16"}, ""},
+		{"negative conntrack", append(base, "--conntrack-min=-1"), "conntrack.min"},
+		{"negative ipvs timeout", append(base, "--ipvs-udp-timeout=-1s"), "--ipvs-udp-timeout"},
+		{"bad bind address", append(base, "--bind-address=node-1"), "--bind-address"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -33,6 +34,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/healthcheck"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+	"github.com/proxyplane/proxyplane/nodeagent/sysctl"
 )
 
 // Version is the agent's version as the build stamped it (-ldflags -X, as
@@ -45,7 +47,20 @@ func BuildVersion() string { return cli.Version(Version) }
 
 // Run runs the node agent until ctx ends. o must be valid.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
+	// Before any rule, as kube-proxy's platformSetup: the dataplanes ask
+	// the kernel whether TCP conntrack is liberal.
+	ct := sysctl.New(log.With("component", "sysctl"))
+	if err := ct.Apply(ctx, o.Conntrack); err != nil {
+		return err
+	}
+	o.conntrackTCPBeLiberal = ct.TCPBeLiberal()
 	families := nodeFamilies(log)
+	for _, f := range families {
+		if o.DetectLocalMode == string(dataplane.LocalClusterCIDR) && len(cidrsOf(f, o.ClusterCIDRs)) == 0 {
+			log.Warn("detectLocalMode is ClusterCIDR but no cluster CIDR of the family is set: pod traffic is not told apart from other traffic, as with kube-proxy",
+				"family", f)
+		}
+	}
 	dp, err := newDataplane(o, families)
 	if err != nil {
 		return err
@@ -76,25 +91,30 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	a = agent.New(agent.Config{
 		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
 		ControlPlaneTimeout: o.ControlPlaneTimeout,
-		AfterSync:           afterSync(hc, cleaners, log),
+		AfterSync:           afterSync(hc, families, cleaners, log),
+		Families:            families,
 	}, dp, c, cached, log.With("component", "agent"))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics.Register(reg)
+	metrics.Register(reg, o.ProxyMode)
 	servers := []*http.Server{
 		{Addr: o.HealthzBindAddress, Handler: healthHandler(a.Health()), ReadHeaderTimeout: 10 * time.Second},
 		{Addr: o.MetricsBindAddress, Handler: metricsHandler(reg, o.ProxyMode), ReadHeaderTimeout: 10 * time.Second},
 	}
 
-	// Listen before starting anything, so a taken port fails cleanly.
+	// Listen before starting anything, so a wrong address fails cleanly;
+	// a port in use (kube-proxy's, during a migration) is served once free.
+	ports := portBinder{listen: net.Listen, interval: portRetryInterval, log: log}
 	listeners := make([]net.Listener, len(servers))
 	for i, s := range servers {
-		if listeners[i], err = net.Listen("tcp", s.Addr); err != nil {
+		if listeners[i], err = ports.bind(s.Addr); err != nil {
 			for _, l := range listeners[:i] {
-				_ = l.Close()
+				if l != nil {
+					_ = l.Close()
+				}
 			}
-			return fmt.Errorf("listening on %s: %w", s.Addr, err)
+			return err
 		}
 	}
 
@@ -128,7 +148,18 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	})
 	for i, s := range servers {
 		g.Go(func() error {
-			if err := s.Serve(listeners[i]); !errors.Is(err, http.ErrServerClosed) {
+			l := listeners[i]
+			if l == nil {
+				var err error
+				if l, err = ports.wait(ctx, s.Addr); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+			}
+			// Serve after Shutdown closes l and returns ErrServerClosed.
+			if err := s.Serve(l); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("serving %s: %w", s.Addr, err)
 			}
 			return nil
@@ -157,9 +188,12 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 // afterSync is what follows each programmed table, as in kube-proxy's
 // syncProxyRules after the restore: the healthCheckNodePort server takes
 // the new local endpoint counts, and UDP flows to endpoints that are gone
-// are deleted so their next datagram picks a live one.
-func afterSync(hc *healthcheck.Server, cleaners []*conntrack.Cleaner, log *slog.Logger) []func(context.Context, *proxytable.Table) {
+// are deleted so their next datagram picks a live one (cleaners[i] is
+// families[i]'s); the gauge of ports without local endpoints follows.
+func afterSync(hc *healthcheck.Server, families []dataplane.Family, cleaners []*conntrack.Cleaner, log *slog.Logger) []func(context.Context, *proxytable.Table) {
+	noLocal := metrics.NewNoLocalEndpoints(families)
 	return []func(context.Context, *proxytable.Table){
+		func(_ context.Context, t *proxytable.Table) { noLocal.Observe(t) },
 		func(_ context.Context, t *proxytable.Table) {
 			// Sync logs and keeps every port it could open; the next sync
 			// retries the others.
@@ -168,16 +202,17 @@ func afterSync(hc *healthcheck.Server, cleaners []*conntrack.Cleaner, log *slog.
 			}
 		},
 		func(ctx context.Context, t *proxytable.Table) {
-			start := time.Now()
-			for _, c := range cleaners {
+			for i, c := range cleaners {
+				start := time.Now()
 				n, err := c.Clean(ctx, t)
-				metrics.ConntrackReconcilerDeletedEntriesTotal.Add(float64(n))
+				family := families[i].String()
+				metrics.ConntrackReconcilerDeletedEntriesTotal.WithLabelValues(family).Add(float64(n))
+				metrics.ConntrackReconcilerSyncDuration.WithLabelValues(family).Observe(time.Since(start).Seconds())
 				// An interrupted dump was retried and is cleaned next sync.
 				if err != nil && !conntrack.IsInterrupted(err) {
 					log.Error("deleting stale conntrack entries", "err", err)
 				}
 			}
-			metrics.ConntrackReconcilerSyncDuration.Observe(time.Since(start).Seconds())
 		},
 	}
 }
@@ -213,6 +248,7 @@ var modes = map[string]func(o *Options, s dataplane.Settings, observe dataplane.
 	"ipvs": func(o *Options, s dataplane.Settings, observe dataplane.Observer) (dataplane.Dataplane, error) {
 		cfg := ipvs.DefaultConfig(s.Family)
 		cfg.Settings, cfg.Scheduler, cfg.Backend = s, o.IPVSScheduler, xtables.Backend(o.IPTablesBackend)
+		cfg.TCPTimeout, cfg.TCPFinTimeout, cfg.UDPTimeout = o.IPVSTCPTimeout, o.IPVSTCPFinTimeout, o.IPVSUDPTimeout
 		return ipvs.New(cfg, observe)
 	},
 }
@@ -253,7 +289,7 @@ func newDataplane(o *Options, families []dataplane.Family) (dataplane.Dataplane,
 	}
 	dps := make([]dataplane.Dataplane, 0, len(families))
 	for _, family := range families {
-		dp, err := newMode(o, settingsFor(o, family), observeSync)
+		dp, err := newMode(o, settingsFor(o, family), metrics.ObserveSync)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s dataplane: %w", family, o.ProxyMode, err)
 		}
@@ -262,22 +298,26 @@ func newDataplane(o *Options, families []dataplane.Family) (dataplane.Dataplane,
 	return dataplane.Join(dps...), nil
 }
 
-// observeSync counts failed syncs under kube-proxy's names: the restores
-// iptables-restore refused, and the nftables transactions that failed.
-func observeSync(r dataplane.SyncResult) {
-	switch {
-	case r.Err == nil:
-	case r.Mode == "iptables" && xtables.IsRestoreFailed(r.Err):
-		metrics.IPTablesRestoreFailuresTotal.Inc()
-	case r.Mode == "nftables":
-		metrics.NFTablesSyncFailuresTotal.Inc()
-	}
+// InitOnly does what needs a writable /proc/sys, the conntrack sysctls,
+// and returns: kube-proxy's --init-only, for a privileged init container.
+func InitOnly(ctx context.Context, o *Options, log *slog.Logger) error {
+	return sysctl.New(log.With("component", "sysctl")).Apply(ctx, o.Conntrack)
 }
 
-// settingsFor is what every dataplane takes from the flags for family.
+// settingsFor is what every dataplane takes from the options for family.
 func settingsFor(o *Options, family dataplane.Family) dataplane.Settings {
 	s := dataplane.DefaultSettings(family)
 	s.MasqueradeBit = o.MasqueradeBit
+	s.MasqueradeAll = o.MasqueradeAll
+	s.NoRandomFully = !o.RandomFully
+	s.ConntrackTCPBeLiberal = o.conntrackTCPBeLiberal
+	// Upstream offers localhost NodePorts in iptables mode, IPv4 only.
+	s.LocalhostNodePorts = o.LocalhostNodePorts && o.ProxyMode == "iptables" && family == dataplane.IPv4
+	if a, err := netip.ParseAddr(o.BindAddress); err == nil && !a.IsUnspecified() {
+		if family.Has(a.Unmap()) {
+			s.NodeIPs = []string{a.Unmap().String()}
+		}
+	}
 	s.LocalMode = dataplane.LocalMode(o.DetectLocalMode)
 	s.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
 	s.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -48,6 +49,9 @@ var (
 	keyVersion = []byte("version")
 	keyNode    = []byte("node")
 	keySavedAt = []byte("saved_at")
+	// keyResourceVersion holds the table's ResourceVersion in decimal;
+	// caches written before it existed lack it, which reads as 0.
+	keyResourceVersion = []byte("resource_version")
 
 	// Deterministic, so that an unchanged entry encodes to the bytes
 	// already stored and Save can skip it.
@@ -223,6 +227,7 @@ func write(tx *bolt.Tx, t *proxytable.Table, changed []string, full bool) error 
 		{keyVersion, []byte(t.Version)},
 		{keyNode, node},
 		{keySavedAt, []byte(time.Now().UTC().Format(time.RFC3339Nano))},
+		{keyResourceVersion, strconv.AppendUint(nil, t.ResourceVersion, 10)},
 	} {
 		if err := meta.Put(kv[0], kv[1]); err != nil {
 			return fmt.Errorf("writing %s: %w", kv[0], err)
@@ -328,10 +333,18 @@ func read(tx *bolt.Tx) (*proxytable.Table, error) {
 	if err != nil {
 		return nil, err
 	}
+	var rv uint64
+	if b := meta.Get(keyResourceVersion); b != nil {
+		var err error
+		if rv, err = strconv.ParseUint(string(b), 10, 64); err != nil {
+			return nil, fmt.Errorf("%w: resource version: %w", ErrCorrupt, err)
+		}
+	}
 	t, err := proxytable.FromEntries(string(version), node, list)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	t.ResourceVersion = rv // t is new, and nobody else's yet
 	return t, nil
 }
 

@@ -80,6 +80,9 @@ func equalTables(t testing.TB, got, want *proxytable.Table) {
 	if got.Version != want.Version {
 		t.Errorf("version = %q, want %q", got.Version, want.Version)
 	}
+	if got.ResourceVersion != want.ResourceVersion {
+		t.Errorf("resource version = %d, want %d", got.ResourceVersion, want.ResourceVersion)
+	}
 	if !proto.Equal(got.Node, want.Node) {
 		t.Errorf("node = %v, want %v", got.Node, want.Node)
 	}
@@ -163,6 +166,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	want := table(t, entry("default/kubernetes", 1), entry("kube-system/kube-dns", 0xfedcba9876543210), entry("app/web", 42))
+	want.ResourceVersion = 1 << 40
 	before := time.Now()
 	if err := c.Save(want, nil, true); err != nil {
 		t.Fatalf("Save: %v", err)
@@ -487,6 +491,42 @@ func TestLoadCorrupt(t *testing.T) {
 	_, err := c.Load()
 	if !errors.Is(err, ErrCorrupt) || !errors.Is(err, proxytable.ErrInvalidTable) {
 		t.Errorf("Load = %v, want ErrCorrupt and ErrInvalidTable", err)
+	}
+}
+
+// A cache written before tables carried a resource version loads with 0
+// (unknown); one that does not parse is corrupt.
+func TestLoadResourceVersion(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cache.db")
+	c, _ := mustOpen(t, path)
+	if err := c.Save(table(t, entry("ns/a", 1)), nil, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		write func(*bolt.Bucket) error
+		want  uint64
+		err   bool
+	}{
+		{"absent", func(b *bolt.Bucket) error { return b.Delete(keyResourceVersion) }, 0, false},
+		{"garbage", func(b *bolt.Bucket) error { return b.Put(keyResourceVersion, []byte("12a")) }, 0, true},
+		{"present", func(b *bolt.Bucket) error { return b.Put(keyResourceVersion, []byte("12")) }, 12, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := c.db.Update(func(tx *bolt.Tx) error { return tc.write(tx.Bucket(bucketMeta)) }); err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.Load()
+			if tc.err {
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("Load = %v, want ErrCorrupt", err)
+				}
+				return
+			}
+			if err != nil || got.ResourceVersion != tc.want {
+				t.Fatalf("Load = resource version %d, %v; want %d", got.ResourceVersion, err, tc.want)
+			}
+		})
 	}
 }
 

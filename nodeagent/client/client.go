@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
-	"github.com/proxyplane/proxyplane/nodeagent/failpoint"
+	"github.com/proxyplane/proxyplane/internal/failpoint"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -225,7 +225,10 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 	}
 	s := &syncStream{stream: stream}
 	held := a.Held()
-	hello := &pb.Hello{NodeName: o.NodeName, Capabilities: o.Capabilities, Version: held.Version, NodeHash: held.Node.GetHash()}
+	hello := &pb.Hello{
+		NodeName: o.NodeName, Capabilities: o.Capabilities,
+		Version: held.Version, NodeHash: held.Node.GetHash(), ResourceVersion: held.ResourceVersion,
+	}
 	if held.Version != "" {
 		hello.EntryHashes = held.Hashes()
 	}

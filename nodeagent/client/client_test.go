@@ -188,9 +188,10 @@ func recv(t *testing.T, s grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncRespon
 
 func heldTable() *proxytable.Table {
 	return &proxytable.Table{
-		Version: "0000000000000003",
-		Node:    &pb.NodeInfo{Name: "node-1", Hash: 1},
-		Entries: map[string]*pb.ServiceEntry{"default/a": {Key: "default/a", Hash: 2}},
+		Version:         "0000000000000003",
+		ResourceVersion: 77,
+		Node:            &pb.NodeInfo{Name: "node-1", Hash: 1},
+		Entries:         map[string]*pb.ServiceEntry{"default/a": {Key: "default/a", Hash: 2}},
 	}
 }
 
@@ -199,8 +200,8 @@ func TestHelloCarriesHeldTable(t *testing.T) {
 	start(t, &fakeApplier{held: heldTable()}, dial, "cp")
 	h := recv(t, accept(t, fakes["cp"])).GetHello()
 	if h.GetNodeName() != "node-1" || h.GetVersion() != "0000000000000003" || h.GetNodeHash() != 1 ||
-		h.GetEntryHashes()["default/a"] != 2 || !h.GetCapabilities().GetDeltas() {
-		t.Errorf("hello = %v; want the held table's version, node hash and entry hashes", h)
+		h.GetEntryHashes()["default/a"] != 2 || !h.GetCapabilities().GetDeltas() || h.GetResourceVersion() != 77 {
+		t.Errorf("hello = %v; want the held table's version, resource version, node hash and entry hashes", h)
 	}
 }
 

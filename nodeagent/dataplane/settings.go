@@ -122,8 +122,10 @@ type Settings struct {
 	ConntrackTCPBeLiberal bool
 	// LocalhostNodePorts accepts NodePorts on the node's IPv4 loopback
 	// addresses, as kube-proxy's iptables.localhostNodePorts: the iptables
-	// dataplane then needs route_localnet=1 and drops the martians it lets
-	// in. Other dataplanes and IPv6 have no localhost NodePorts.
+	// dataplane then sets route_localnet=1 and drops the martians it lets
+	// in. Other dataplanes and IPv6 have no localhost NodePorts. Off by
+	// default, unlike upstream (docs/semantics.md says why); with it, an
+	// IPv4 loopback CIDR in NodePortAddresses is allowed, as upstream.
 	LocalhostNodePorts bool
 	// NoRandomFully masquerades without fully-random source ports, for
 	// iptables older than 1.6.2 or kernels without
@@ -176,10 +178,14 @@ func (s Settings) Validate() error {
 			continue
 		}
 		// Localhost NodePorts need route_localnet, a hole kube-proxy has
-		// to plug with an anti-martian rule (kubernetes#90259); no
-		// dataplane offers them.
-		if p.Bits() != 0 && (p.Overlaps(loopback4) || p.Overlaps(loopback6)) {
-			errs = append(errs, fmt.Errorf("nodePortAddresses %s: loopback NodePorts are not supported", a))
+		// to plug with an anti-martian rule (kubernetes#90259): only
+		// IPv4 has them, and only with LocalhostNodePorts.
+		switch {
+		case p.Bits() == 0:
+		case p.Overlaps(loopback6):
+			errs = append(errs, fmt.Errorf("nodePortAddresses %s: loopback NodePorts are not supported on IPv6", a))
+		case p.Overlaps(loopback4) && !s.LocalhostNodePorts:
+			errs = append(errs, fmt.Errorf("nodePortAddresses %s: loopback NodePorts need localhostNodePorts", a))
 		}
 	}
 	for _, a := range s.NodeIPs {
@@ -243,6 +249,34 @@ func (s Settings) NodePorts() (all bool, cidrs []netip.Prefix) {
 		return true, nil
 	}
 	return false, cidrs
+}
+
+// LocalhostNodePortsOn reports whether NodePorts answer on the IPv4
+// loopback addresses, as kube-proxy's iptables proxier decides: with
+// LocalhostNodePorts, in the IPv4 family, when NodePortAddresses take
+// 127.0.0.1 in (none of the family, a /0, or a CIDR holding 127.0.0.0 or
+// a loopback address). Only the iptables dataplane honours it.
+func (s Settings) LocalhostNodePortsOn() bool {
+	if !s.LocalhostNodePorts || s.Family != IPv4 {
+		return false
+	}
+	all, cidrs := s.NodePorts()
+	return all || slices.ContainsFunc(cidrs, func(p netip.Prefix) bool {
+		return p.Overlaps(loopback4)
+	})
+}
+
+// LoopbackNodePortAddresses returns the NodePortAddresses that hold a
+// loopback address, other than a /0: what a dataplane without localhost
+// NodePorts must refuse.
+func (s Settings) LoopbackNodePortAddresses() []string {
+	var out []string
+	for _, a := range s.NodePortAddresses {
+		if p, err := netip.ParsePrefix(a); err == nil && p.Bits() != 0 && (p.Overlaps(loopback4) || p.Overlaps(loopback6)) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // NodeIPAddrs returns the node addresses of the family, sorted and unique.

@@ -55,7 +55,7 @@ func TestSettings(t *testing.T) {
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "family Family(5)") {
 		t.Errorf("Validate with family 5 = %v, want it named", err)
 	}
-	want := []string{"masquerade bit 32", "none of family IPv6", "loopback NodePorts", "nodePortAddresses: ", "nodeIPs: "}
+	want := []string{"masquerade bit 32", "none of family IPv6", "loopback NodePorts need localhostNodePorts", "nodePortAddresses: ", "nodeIPs: "}
 	if len(msgs) != len(want) {
 		t.Fatalf("Validate = %q, want %d errors", msgs, len(want))
 	}
@@ -63,5 +63,52 @@ func TestSettings(t *testing.T) {
 		if !strings.Contains(msgs[i], w) {
 			t.Errorf("error %d = %q, want it to say %q", i, msgs[i], w)
 		}
+	}
+}
+
+// TestLocalhostNodePorts checks when NodePorts answer on 127.0.0.1, as
+// upstream's iptables proxier decides, and which loopback
+// nodePortAddresses Validate accepts.
+func TestLocalhostNodePorts(t *testing.T) {
+	tests := []struct {
+		name      string
+		family    dataplane.Family
+		on        bool
+		addresses []string
+		want      bool
+		wantErr   string
+	}{
+		{name: "off", family: dataplane.IPv4, want: false},
+		{name: "every address", family: dataplane.IPv4, on: true, want: true},
+		{name: "0.0.0.0/0", family: dataplane.IPv4, on: true, addresses: []string{"0.0.0.0/0"}, want: true},
+		{name: "a loopback CIDR", family: dataplane.IPv4, on: true, addresses: []string{"10.0.0.0/8", "127.0.0.1/32"}, want: true},
+		{name: "no loopback CIDR", family: dataplane.IPv4, on: true, addresses: []string{"10.0.0.0/8"}, want: false},
+		{name: "IPv6 never", family: dataplane.IPv6, on: true, want: false},
+		{name: "loopback CIDR without the setting", family: dataplane.IPv4, addresses: []string{"127.0.0.0/8"}, wantErr: "need localhostNodePorts"},
+		{name: "IPv6 loopback CIDR even with it", family: dataplane.IPv4, on: true, addresses: []string{"::1/128"}, wantErr: "not supported on IPv6"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := dataplane.DefaultSettings(tt.family)
+			s.LocalhostNodePorts, s.NodePortAddresses = tt.on, tt.addresses
+			err := s.Validate()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Validate = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			if got := s.LocalhostNodePortsOn(); got != tt.want {
+				t.Errorf("LocalhostNodePortsOn = %v, want %v", got, tt.want)
+			}
+		})
+	}
+	s := dataplane.DefaultSettings(dataplane.IPv4)
+	s.NodePortAddresses = []string{"0.0.0.0/0", "127.0.0.0/8", "10.0.0.0/8", "::1/128"}
+	if got := s.LoopbackNodePortAddresses(); len(got) != 2 || got[0] != "127.0.0.0/8" || got[1] != "::1/128" {
+		t.Errorf("LoopbackNodePortAddresses = %v, want 127.0.0.0/8 and ::1/128", got)
 	}
 }

@@ -1,45 +1,171 @@
 // Package metrics defines the node agent's Prometheus metrics: kube-proxy's
-// names where kube-proxy has the same metric, proxyplane_agent_* otherwise.
+// names, types, labels and buckets where kube-proxy has the same metric
+// (k8s.io/kubernetes pkg/proxy/metrics), proxyplane_agent_* otherwise.
+// docs/metrics.md maps every kube-proxy metric to what the agent does
+// with it.
+//
+// As in kube-proxy, the per-family metrics carry ip_family ("IPv4" or
+// "IPv6"): kube-proxy runs one proxier per family, the agent one
+// dataplane Driver per family, and each reports its own syncs.
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
 
+const subsystem = "kubeproxy"
+
+// labelFamily is kube-proxy's label naming the IP family, "IPv4" or
+// "IPv6" (dataplane.Family's String).
+const labelFamily = "ip_family"
+
+// Kube-proxy's buckets: sync and conntrack durations double from 1 ms;
+// network programming latency is in steps a person reads (0.25 s, 0.5 s,
+// every second to a minute, then coarser to five minutes).
 var (
-	// SyncProxyRulesDuration is kube-proxy's sync duration histogram.
-	SyncProxyRulesDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Subsystem: "kubeproxy", Name: "sync_proxy_rules_duration_seconds",
+	syncBuckets                = prometheus.ExponentialBuckets(0.001, 2, 15)
+	networkProgrammingBuckets  = mergeBuckets(prometheus.LinearBuckets(0.25, 0.25, 2), prometheus.LinearBuckets(1, 1, 59), prometheus.LinearBuckets(60, 5, 12), prometheus.LinearBuckets(120, 30, 7))
+	conntrackReconcilerBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+)
+
+// mergeBuckets is component-base's MergeBuckets: the lists concatenated
+// (each is ascending and starts above the previous one's end).
+func mergeBuckets(lists ...[]float64) []float64 {
+	var out []float64
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// kube-proxy's metrics that every mode registers.
+var (
+	// SyncProxyRulesDuration is the duration of one family's sync, full
+	// or partial, failed or not, as kube-proxy observes it.
+	SyncProxyRulesDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_duration_seconds",
 		Help:    "SyncProxyRules latency in seconds",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
-	// SyncFullProxyRulesDuration covers full syncs only.
-	SyncFullProxyRulesDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Subsystem: "kubeproxy", Name: "sync_full_proxy_rules_duration_seconds",
-		Help:    "SyncProxyRules latency in seconds for full resyncs",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
-	// SyncPartialProxyRulesDuration covers partial syncs only.
-	SyncPartialProxyRulesDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Subsystem: "kubeproxy", Name: "sync_partial_proxy_rules_duration_seconds",
-		Help:    "SyncProxyRules latency in seconds for partial resyncs",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
-	// SyncProxyRulesLastTimestamp is when rules were last synced.
-	SyncProxyRulesLastTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
-		Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_timestamp_seconds",
+		Buckets: syncBuckets,
+	}, []string{labelFamily})
+	// SyncProxyRulesLastTimestamp is when a family's rules were last
+	// synced successfully.
+	SyncProxyRulesLastTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_last_timestamp_seconds",
 		Help: "The last time proxy rules were successfully synced",
-	})
+	}, []string{labelFamily})
+	// SyncProxyRulesLastQueuedTimestamp is when a table response was last
+	// queued to be programmed. Much later than
+	// sync_proxy_rules_last_timestamp_seconds, it shows a sync that is
+	// overdue.
+	SyncProxyRulesLastQueuedTimestamp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_last_queued_timestamp_seconds",
+		Help: "The last time a sync of proxy rules was queued",
+	}, []string{labelFamily})
 	// NetworkProgrammingDuration is the time from an endpoints change (the
-	// slice's last-change-trigger-time) to its rules being in force.
-	NetworkProgrammingDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Subsystem: "kubeproxy", Name: "network_programming_duration_seconds",
+	// slice's last-change-trigger-time, carried by the control plane) to
+	// its rules being in force, per family of the Service's cluster IPs.
+	NetworkProgrammingDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "network_programming_duration_seconds",
 		Help:    "In Cluster Network Programming Latency in seconds",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+		Buckets: networkProgrammingBuckets,
+	}, []string{labelFamily})
+	// EndpointChangesPending is the number of Services whose endpoints
+	// change in the table response being programmed; 0 between responses
+	// (the agent's analogue of kube-proxy's endpoints change tracker,
+	// docs/metrics.md).
+	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_pending",
+		Help: "Pending proxy rules Endpoint changes",
 	})
-	// IPTablesRestoreFailuresTotal counts failed iptables-restore runs.
-	IPTablesRestoreFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Subsystem: "kubeproxy", Name: "sync_proxy_rules_iptables_restore_failures_total",
+	// EndpointChangesTotal counts Services whose endpoints changed, over
+	// every table response received.
+	EndpointChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_total",
+		Help: "Cumulative proxy rules Endpoint changes",
+	})
+	// ServiceChangesPending is the number of Services added, removed or
+	// changed (other than in their endpoints) by the table response being
+	// programmed; 0 between responses.
+	ServiceChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_pending",
+		Help: "Pending proxy rules Service changes",
+	})
+	// ServiceChangesTotal counts Services added, removed or changed (other
+	// than in their endpoints), over every table response received.
+	ServiceChangesTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_total",
+		Help: "Cumulative proxy rules Service changes",
+	})
+	// SyncProxyRulesNoLocalEndpointsTotal is, after each successful sync,
+	// the number of service ports whose Local traffic policy has no local
+	// endpoint while the Service has endpoints (traffic_policy "internal"
+	// or "external"): the ports whose traffic of that kind is dropped.
+	SyncProxyRulesNoLocalEndpointsTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_no_local_endpoints_total",
+		Help: "Number of services with a Local traffic policy and no endpoints",
+	}, []string{"traffic_policy", labelFamily})
+	// ProxyHealthzTotal is kube-proxy's count of /healthz answers, by HTTP
+	// status code.
+	ProxyHealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "proxy_healthz_total",
+		Help: "Cumulative proxy healthz HTTP status",
+	}, []string{"code"})
+	// ProxyLivezTotal is kube-proxy's count of /livez answers, by HTTP
+	// status code.
+	ProxyLivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "proxy_livez_total",
+		Help: "Cumulative proxy livez HTTP status",
+	}, []string{"code"})
+)
+
+// kube-proxy's metrics that only some modes register (see Register).
+var (
+	// SyncFullProxyRulesDuration covers full syncs only.
+	SyncFullProxyRulesDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "sync_full_proxy_rules_duration_seconds",
+		Help:    "SyncProxyRules latency in seconds for full resyncs",
+		Buckets: syncBuckets,
+	}, []string{labelFamily})
+	// SyncPartialProxyRulesDuration covers partial syncs only.
+	SyncPartialProxyRulesDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "sync_partial_proxy_rules_duration_seconds",
+		Help:    "SyncProxyRules latency in seconds for partial resyncs",
+		Buckets: syncBuckets,
+	}, []string{labelFamily})
+	// IPTablesRestoreFailuresTotal counts syncs that iptables-restore
+	// refused (iptables and IPVS modes).
+	IPTablesRestoreFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_restore_failures_total",
 		Help: "Cumulative proxy iptables restore failures",
-	})
+	}, []string{labelFamily})
+	// IPTablesPartialRestoreFailuresTotal counts failed partial syncs of
+	// the iptables mode: each makes the next sync full.
+	IPTablesPartialRestoreFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
+		Help: "Cumulative proxy iptables partial restore failures",
+	}, []string{labelFamily})
+	// NFTablesSyncFailuresTotal counts failed nftables syncs.
+	NFTablesSyncFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_nftables_sync_failures_total",
+		Help: "Cumulative proxy nftables sync failures",
+	}, []string{labelFamily})
+	// ConntrackReconcilerSyncDuration is how long each family's
+	// stale-conntrack cleanup after a sync took.
+	ConntrackReconcilerSyncDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Subsystem: subsystem, Name: "conntrack_reconciler_sync_duration_seconds",
+		Help:    "ReconcileConntrackFlowsLatency latency in seconds",
+		Buckets: conntrackReconcilerBuckets,
+	}, []string{labelFamily})
+	// ConntrackReconcilerDeletedEntriesTotal counts stale conntrack
+	// entries deleted.
+	ConntrackReconcilerDeletedEntriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Subsystem: subsystem, Name: "conntrack_reconciler_deleted_entries_total",
+		Help: "Cumulative conntrack flows deleted by conntrack reconciler",
+	}, []string{labelFamily})
+)
+
+// The agent's own metrics: what kube-proxy has no counterpart for.
+var (
 	// Connected is 1 while the agent has a Sync stream to a control plane.
 	Connected = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "proxyplane_agent", Name: "connected",
@@ -55,13 +181,6 @@ var (
 		Namespace: "proxyplane_agent", Name: "cache_saved_timestamp_seconds",
 		Help: "When the table cache was last written; its age is time() minus this.",
 	})
-	// NFTablesSyncFailuresTotal is kube-proxy's
-	// sync_proxy_rules_nftables_sync_failures_total: nftables
-	// transactions the kernel refused.
-	NFTablesSyncFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Subsystem: "kubeproxy", Name: "sync_proxy_rules_nftables_sync_failures_total",
-		Help: "nftables transactions that failed.",
-	})
 	// NacksTotal counts table responses the agent rejected.
 	NacksTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "proxyplane_agent", Name: "nacks_total",
@@ -73,46 +192,31 @@ var (
 		Namespace: "proxyplane_agent", Name: "healthcheck_errors_total",
 		Help: "Health check server updates that could not serve every healthCheckNodePort.",
 	})
-	// ConntrackReconcilerSyncDuration is kube-proxy's metric of the same
-	// name: how long each stale-conntrack cleanup took.
-	ConntrackReconcilerSyncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Subsystem: "kubeproxy", Name: "conntrack_reconciler_sync_duration_seconds",
-		Help:    "Time taken to delete stale UDP conntrack entries after a sync.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
-	})
-	// ConntrackReconcilerDeletedEntriesTotal is kube-proxy's metric of the
-	// same name: stale conntrack entries deleted.
-	ConntrackReconcilerDeletedEntriesTotal = prometheus.NewCounter(prometheus.CounterOpts{
-		Subsystem: "kubeproxy", Name: "conntrack_reconciler_deleted_entries_total",
-		Help: "Stale UDP conntrack entries deleted after syncs.",
-	})
-	// SyncProxyRulesLastQueuedTimestamp is kube-proxy's metric of the same
-	// name: when a change was last queued to be programmed. With
-	// sync_proxy_rules_last_timestamp_seconds it shows a sync that is
-	// overdue.
-	SyncProxyRulesLastQueuedTimestamp = prometheus.NewGauge(prometheus.GaugeOpts{
-		Subsystem: "kubeproxy", Name: "sync_proxy_rules_last_queued_timestamp_seconds",
-		Help: "The last time a sync of proxy rules was queued",
-	})
-	// ProxyHealthzTotal is kube-proxy's count of /healthz answers, by HTTP
-	// status code.
-	ProxyHealthzTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: "kubeproxy", Name: "proxy_healthz_total",
-		Help: "Cumulative proxy healthz HTTP status",
-	}, []string{"code"})
-	// ProxyLivezTotal is kube-proxy's count of /livez answers, by HTTP
-	// status code.
-	ProxyLivezTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Subsystem: "kubeproxy", Name: "proxy_livez_total",
-		Help: "Cumulative proxy livez HTTP status",
-	}, []string{"code"})
 )
 
-// Register registers every metric on r. Call it once per registry.
-func Register(r prometheus.Registerer) {
-	r.MustRegister(SyncProxyRulesDuration, SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration,
-		SyncProxyRulesLastTimestamp, NetworkProgrammingDuration, IPTablesRestoreFailuresTotal,
-		Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal, NFTablesSyncFailuresTotal,
-		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal,
-		SyncProxyRulesLastQueuedTimestamp, ProxyHealthzTotal, ProxyLivezTotal)
+// Modes are the --proxy-mode values Register knows.
+var Modes = []string{"iptables", "ipvs", "nftables"}
+
+// Register registers on r every metric the agent in mode (its
+// --proxy-mode) serves: kube-proxy's core metrics, those kube-proxy
+// registers in that mode, and the agent's own. Call it once per registry.
+func Register(r prometheus.Registerer, mode string) {
+	r.MustRegister(SyncProxyRulesDuration, SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueuedTimestamp,
+		NetworkProgrammingDuration, EndpointChangesPending, EndpointChangesTotal,
+		ServiceChangesPending, ServiceChangesTotal, SyncProxyRulesNoLocalEndpointsTotal,
+		ProxyHealthzTotal, ProxyLivezTotal)
+	// As kube-proxy's RegisterMetrics: IPVS syncs are all alike to it, and
+	// its restores are iptables'; the conntrack reconciler runs in every
+	// Linux mode.
+	switch mode {
+	case "iptables":
+		r.MustRegister(SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration,
+			IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal)
+	case "ipvs":
+		r.MustRegister(IPTablesRestoreFailuresTotal)
+	case "nftables":
+		r.MustRegister(SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration, NFTablesSyncFailuresTotal)
+	}
+	r.MustRegister(ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal)
+	r.MustRegister(Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal)
 }

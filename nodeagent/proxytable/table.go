@@ -21,6 +21,10 @@ import (
 type Table struct {
 	// Version is the table's version (16 hex digits), "" for no table.
 	Version string
+	// ResourceVersion is the highest resource_version the control plane
+	// sent with this table or the tables it was built from by deltas: the
+	// table reflects the cluster at least that far. 0 when unknown.
+	ResourceVersion uint64
 	// Node is the node's info as the control plane sent it.
 	Node *pb.NodeInfo
 	// Entries holds the Services by key.
@@ -56,7 +60,10 @@ func ResponseVersion(resp *pb.SyncResponse) string {
 
 // FromSnapshot validates a snapshot and returns its table.
 func FromSnapshot(s *pb.Snapshot) (*Table, error) {
-	t := &Table{Version: s.GetVersion(), Node: s.GetNode(), Entries: make(map[string]*pb.ServiceEntry, len(s.GetEntries()))}
+	t := &Table{
+		Version: s.GetVersion(), ResourceVersion: s.GetResourceVersion(), Node: s.GetNode(),
+		Entries: make(map[string]*pb.ServiceEntry, len(s.GetEntries())),
+	}
 	ve := &ValidationError{}
 	for _, e := range s.GetEntries() {
 		if _, dup := t.Entries[e.GetKey()]; dup {
@@ -77,7 +84,13 @@ func (t *Table) Apply(d *pb.Delta) (*Table, []string, error) {
 	if d.GetBaseVersion() != t.Version {
 		return nil, nil, &ValidationError{Table: []error{fmt.Errorf("delta applies to %q, the agent holds %q", d.GetBaseVersion(), t.Version)}}
 	}
-	next := &Table{Version: d.GetVersion(), Node: t.Node, Entries: maps.Clone(t.Entries)}
+	// A delta's world is newer than its base's, whatever bound it
+	// carries (a replica that served a current agent may know less than
+	// the one that made its table): the bound never falls.
+	next := &Table{
+		Version: d.GetVersion(), ResourceVersion: max(t.ResourceVersion, d.GetResourceVersion()),
+		Node: t.Node, Entries: maps.Clone(t.Entries),
+	}
 	if d.GetNode() != nil {
 		next.Node = d.GetNode()
 	}
@@ -119,6 +132,9 @@ func (t *Table) validate(entries []*pb.ServiceEntry, ve *ValidationError) error 
 	}
 	if t.Node.GetName() == "" {
 		ve.Table = append(ve.Table, errors.New("no node info"))
+	}
+	if err := validateServiceCIDRs(t.Node.GetServiceCidrs()); err != nil {
+		ve.Table = append(ve.Table, err)
 	}
 	sum := t.Node.GetHash()
 	for _, e := range t.Entries {

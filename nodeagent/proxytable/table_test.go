@@ -38,6 +38,14 @@ func snap(entries ...*pb.ServiceEntry) *pb.Snapshot {
 	return &pb.Snapshot{Version: sum(entries...), Node: node, Entries: entries}
 }
 
+// withNode edits a copy of s's node.
+func withNode(s *pb.Snapshot, edit func(*pb.NodeInfo)) *pb.Snapshot {
+	n := proto.CloneOf(s.GetNode())
+	edit(n)
+	s.Node = n
+	return s
+}
+
 func TestFromSnapshot(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -50,6 +58,9 @@ func TestFromSnapshot(t *testing.T) {
 		{"version does not add up", &pb.Snapshot{Version: "0000000000000001", Node: node, Entries: []*pb.ServiceEntry{entry("a", 1)}}, "", false},
 		{"version not hex", &pb.Snapshot{Version: "zzzzzzzzzzzzzzzz", Node: node}, "", false},
 		{"no node", &pb.Snapshot{Version: sum()}, "", false},
+		{"service CIDRs", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.0/16", "fd00:96::/112"} }), "", true},
+		{"service CIDR not a prefix", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.1"} }), "", false},
+		{"service CIDR with host bits", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.1/16"} }), "", false},
 		{"duplicate key", snap(entry("a", 1), entry("a", 1)), "default/a", false},
 		{"key does not match", func() *pb.Snapshot { e := entry("a", 1); e.Key = "default/b"; return snap(e) }(), "default/b", false},
 		{"no service", func() *pb.Snapshot { e := entry("a", 1); e.Service = nil; return snap(e) }(), "default/a", false},
@@ -122,6 +133,20 @@ func TestApply(t *testing.T) {
 		}
 		if len(base.Entries) != 2 || base.Entries["default/a"].GetHash() != 1 {
 			t.Error("Apply modified the table it was called on")
+		}
+	})
+	t.Run("resource version never falls", func(t *testing.T) {
+		s := snap(entry("a", 1))
+		s.ResourceVersion = 50
+		held, err := FromSnapshot(s)
+		if err != nil || held.ResourceVersion != 50 {
+			t.Fatalf("snapshot of resource version 50: %d, %v", held.ResourceVersion, err)
+		}
+		for _, tc := range []struct{ sent, want uint64 }{{40, 50}, {0, 50}, {60, 60}} {
+			next, _, err := held.Apply(&pb.Delta{BaseVersion: held.Version, Version: held.Version, ResourceVersion: tc.sent})
+			if err != nil || next.ResourceVersion != tc.want {
+				t.Errorf("delta of resource version %d onto 50: %d, %v; want %d", tc.sent, next.ResourceVersion, err, tc.want)
+			}
 		}
 	})
 	bad := []struct {

@@ -130,3 +130,21 @@ func validateService(key string, s *pb.Service) error {
 	}
 	return nil
 }
+
+// validateServiceCIDRs checks that each service CIDR is a prefix in
+// canonical form, as the control plane sends them: a dataplane drops
+// traffic to them, so one it could not read would leave addresses routed
+// off the node without a word, and one with host bits set would be read
+// differently by different dataplanes.
+func validateServiceCIDRs(cidrs []string) error {
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("service CIDR: %w", err)
+		}
+		if p.Masked() != p {
+			return fmt.Errorf("service CIDR %q: host bits set, want %s", c, p.Masked())
+		}
+	}
+	return nil
+}

@@ -5,8 +5,9 @@
 // plane replicas running as deploy/'s ServiceAccount, a node agent in each
 // of three node namespaces and two backend pods per node. It then creates
 // two sample Services, shows a request through a ClusterIP and a NodePort,
-// prints every node's sync status and the grpcurl commands to watch a
-// table, and waits. Ctrl-C removes everything it created.
+// prints every node's sync status and the commands to watch them
+// (controlplane status, grpcurl), and waits. Ctrl-C removes everything it
+// created.
 package main
 
 import (
@@ -16,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -159,6 +161,7 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	// to read tables (it may list EndpointSlices).
 	auth := b.GRPCurlShellArgs()
 	out.f("\nWatch it (as root, in another terminal; TLS and a token of %s, which may list EndpointSlices):\n", box.DebugServiceAccount)
+	out.f("  %s%s   # every node: replica, acked version, lag, last NACK\n", in, statusCommand(b, replicas))
 	for _, addr := range replicas {
 		out.f("  %s%s %s %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, auth, addr)
 	}
@@ -173,6 +176,20 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	out.f("\nListNodes lists every node a replica knows (each Node object), connected or not:\n" +
 		"a node whose agent streams from the other replica shows only \"known\": true there.\n")
 	return out.err
+}
+
+// statusCommand is `controlplane status` against every replica, with the
+// credentials the grpcurl lines use.
+func statusCommand(b *box.Box, replicas []string) string {
+	bin := "controlplane"
+	if dir, err := box.FindBinDir(); err == nil {
+		bin = filepath.Join(dir, "controlplane")
+	}
+	cmd := bin + " status --server " + strings.Join(replicas, ",")
+	if b.Credentials().Insecure {
+		return cmd + " --insecure"
+	}
+	return fmt.Sprintf("%s --ca-file %s --server-name %s --token-file %s", cmd, b.CAFile(), b.ServerName(), b.DebugTokenFile())
 }
 
 // printer writes formatted text and keeps the first error, so a long

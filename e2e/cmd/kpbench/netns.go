@@ -11,13 +11,13 @@ import (
 	"net/http"
 	"os/exec"
 	"strings"
-	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/proxyplane/proxyplane/e2e/internal/kubeproxy"
 	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
@@ -84,9 +84,9 @@ func dialer(tp *nstest.Topology, ns string) func(ctx context.Context, network, a
 	}
 }
 
-// relay listens on addr inside namespace ns and copies every connection to
-// the same address in the program's own namespace, so that kube-proxy in
-// ns reaches the API server on the root namespace's 127.0.0.1 with the
+// relay listens on addr inside namespace ns and relays every connection
+// to the same address in the program's own namespace, so that kube-proxy
+// in ns reaches the API server on the root namespace's 127.0.0.1 with the
 // admin kubeconfig unchanged (the serving certificate names 127.0.0.1).
 // It stops when ctx ends.
 func relay(ctx context.Context, tp *nstest.Topology, ns, addr string) error {
@@ -98,44 +98,8 @@ func relay(ctx context.Context, tp *nstest.Topology, ns, addr string) error {
 	}); err != nil {
 		return fmt.Errorf("relay listening on %s in %s: %w", addr, ns, err)
 	}
-	var wg sync.WaitGroup
-	go func() {
-		<-ctx.Done()
-		_ = ln.Close()
-	}()
-	go func() {
-		// Ends when ctx closes the listener.
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				wg.Wait()
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				pipe(ctx, in, addr)
-			}()
-		}
-	}()
+	go kubeproxy.Relay(ctx, ln, (&net.Dialer{}).DialContext, addr)
 	return nil
-}
-
-// pipe copies between in and a new connection to addr until either side
-// closes or ctx ends.
-func pipe(ctx context.Context, in net.Conn, addr string) {
-	defer func() { _ = in.Close() }()
-	out, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return
-	}
-	defer func() { _ = out.Close() }()
-	stop := context.AfterFunc(ctx, func() { _ = in.Close(); _ = out.Close() })
-	defer stop()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
-	<-done
 }
 
 // metrics is a parsed Prometheus text page.

@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/proxyplane/proxyplane/e2e/internal/kubeproxy"
 	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
@@ -221,29 +222,21 @@ func (u *upstream) start(ctx context.Context, ns, logName string) (*kubeProxy, e
 	if err != nil {
 		return nil, err
 	}
-	args := []string{
-		"netns", "exec", ns, u.opts.KubeProxy,
-		"--proxy-mode=nftables",
-		"--kubeconfig=" + u.kubeconfig,
-		"--hostname-override=" + nodeName,
-		"--cluster-cidr=" + clusterCIDR,
-		"--metrics-bind-address=" + kpMetricsAddr,
-		"--healthz-bind-address=127.0.0.1:10256",
-		// Zero leaves every conntrack sysctl alone: nf_conntrack_max
-		// and the hash size are global, not per namespace.
-		"--conntrack-max-per-core=0",
-		"--conntrack-tcp-timeout-established=0",
-		"--conntrack-tcp-timeout-close-wait=0",
-		"--conntrack-udp-timeout=0",
-		"--conntrack-udp-timeout-stream=0",
+	cfg := kubeproxy.Config{
+		Binary:             u.opts.KubeProxy,
+		Mode:               "nftables",
+		Kubeconfig:         u.kubeconfig,
+		NodeName:           nodeName,
+		ClusterCIDR:        clusterCIDR,
+		MetricsBindAddress: kpMetricsAddr,
+		HealthzBindAddress: "127.0.0.1:10256",
 		// Sync on every change (no 1 s minimum), and no periodic resync
 		// during the measurement (its full resync is hourly anyway).
 		// The iptables- flags set the shared SyncPeriod and MinSyncPeriod
 		// in every mode but ipvs.
-		"--iptables-min-sync-period=0",
-		"--iptables-sync-period=1h",
-		"--v=2",
+		Extra: []string{"--iptables-min-sync-period=0", "--iptables-sync-period=1h", "--v=2"},
 	}
+	args := append([]string{"netns", "exec", ns}, cfg.Args()...)
 	cmd := exec.CommandContext(ctx, "ip", args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	// "ip netns exec" execs kube-proxy: the signals reach it.

@@ -9,6 +9,7 @@ package proxyplanev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -158,9 +159,15 @@ type Hello struct {
 	// omitted when version is empty.
 	EntryHashes map[string]uint64 `protobuf:"bytes,4,rep,name=entry_hashes,json=entryHashes,proto3" json:"entry_hashes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	// Hash of the NodeInfo the agent holds.
-	NodeHash      uint64 `protobuf:"fixed64,5,opt,name=node_hash,json=nodeHash,proto3" json:"node_hash,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeHash uint64 `protobuf:"fixed64,5,opt,name=node_hash,json=nodeHash,proto3" json:"node_hash,omitempty"`
+	// resource_version of the table the agent holds (the highest of those it
+	// was sent for it); 0 when it holds none or does not know. A replica
+	// that has not observed the cluster that far and holds another table
+	// for the node refuses the stream (UNAVAILABLE) rather than roll the
+	// agent back.
+	ResourceVersion uint64 `protobuf:"varint,6,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -224,6 +231,13 @@ func (x *Hello) GetEntryHashes() map[string]uint64 {
 func (x *Hello) GetNodeHash() uint64 {
 	if x != nil {
 		return x.NodeHash
+	}
+	return 0
+}
+
+func (x *Hello) GetResourceVersion() uint64 {
+	if x != nil {
+		return x.ResourceVersion
 	}
 	return 0
 }
@@ -649,9 +663,13 @@ type Snapshot struct {
 	// The agent's node.
 	Node *NodeInfo `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	// Every entry, sorted by key.
-	Entries       []*ServiceEntry `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Entries []*ServiceEntry `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"`
+	// The cluster's resourceVersion through which this table reflects every
+	// change to the objects the control plane watches: a lower bound, so
+	// that tables from different replicas can be ordered. 0 when unknown.
+	ResourceVersion uint64 `protobuf:"varint,4,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -705,6 +723,13 @@ func (x *Snapshot) GetEntries() []*ServiceEntry {
 	return nil
 }
 
+func (x *Snapshot) GetResourceVersion() uint64 {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return 0
+}
+
 // Delta transforms the table at base_version into the table at version.
 type Delta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -718,9 +743,11 @@ type Delta struct {
 	// Entries added or replaced, sorted by key.
 	Upserts []*ServiceEntry `protobuf:"bytes,4,rep,name=upserts,proto3" json:"upserts,omitempty"`
 	// Keys of entries removed, sorted.
-	Removals      []string `protobuf:"bytes,5,rep,name=removals,proto3" json:"removals,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Removals []string `protobuf:"bytes,5,rep,name=removals,proto3" json:"removals,omitempty"`
+	// resource_version of the table after applying the delta (see Snapshot).
+	ResourceVersion uint64 `protobuf:"varint,6,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Delta) Reset() {
@@ -786,6 +813,13 @@ func (x *Delta) GetRemovals() []string {
 		return x.Removals
 	}
 	return nil
+}
+
+func (x *Delta) GetResourceVersion() uint64 {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return 0
 }
 
 // WatchTableRequest names the node whose table to watch.
@@ -1032,7 +1066,19 @@ type NodeStatus struct {
 	// Error detail of the last NACK.
 	NackError string `protobuf:"bytes,12,opt,name=nack_error,json=nackError,proto3" json:"nack_error,omitempty"`
 	// Table bytes sent on the current stream.
-	BytesSent     uint64 `protobuf:"varint,13,opt,name=bytes_sent,json=bytesSent,proto3" json:"bytes_sent,omitempty"`
+	BytesSent uint64 `protobuf:"varint,13,opt,name=bytes_sent,json=bytesSent,proto3" json:"bytes_sent,omitempty"`
+	// Version of the node's table in this replica's current world: what
+	// the agent holds once it has acknowledged everything. Versions are
+	// content hashes, so it equals acked_version exactly when the agent is
+	// current, whichever replica sent the table.
+	CurrentVersion string `protobuf:"bytes,14,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
+	// How long the connected agent has been behind, as of this answer:
+	// since this replica's stream first had a table to send that the agent
+	// has not acknowledged (a world change affecting the node, or a stream
+	// that started behind). Unset while the agent is current, and for a
+	// node not connected to this replica. It keeps growing after a NACK,
+	// since the agent stays on its older table.
+	Lag           *durationpb.Duration `protobuf:"bytes,15,opt,name=lag,proto3" json:"lag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1156,6 +1202,20 @@ func (x *NodeStatus) GetBytesSent() uint64 {
 		return x.BytesSent
 	}
 	return 0
+}
+
+func (x *NodeStatus) GetCurrentVersion() string {
+	if x != nil {
+		return x.CurrentVersion
+	}
+	return ""
+}
+
+func (x *NodeStatus) GetLag() *durationpb.Duration {
+	if x != nil {
+		return x.Lag
+	}
+	return nil
 }
 
 // ListEventsRequest is empty.
@@ -1380,19 +1440,20 @@ var File_proxyplane_v1_sync_proto protoreflect.FileDescriptor
 
 const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\n" +
-	"\x18proxyplane/v1/sync.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19proxyplane/v1/table.proto\"\xd0\x01\n" +
+	"\x18proxyplane/v1/sync.proto\x12\rproxyplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19proxyplane/v1/table.proto\"\xd0\x01\n" +
 	"\vSyncRequest\x12,\n" +
 	"\x05hello\x18\x01 \x01(\v2\x14.proxyplane.v1.HelloH\x00R\x05hello\x12&\n" +
 	"\x03ack\x18\x02 \x01(\v2\x12.proxyplane.v1.AckH\x00R\x03ack\x12)\n" +
 	"\x04nack\x18\x03 \x01(\v2\x13.proxyplane.v1.NackH\x00R\x04nack\x128\n" +
 	"\tkeepalive\x18\x04 \x01(\v2\x18.proxyplane.v1.KeepaliveH\x00R\tkeepaliveB\x06\n" +
-	"\x04kind\"\xa6\x02\n" +
+	"\x04kind\"\xd1\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12?\n" +
 	"\fcapabilities\x18\x02 \x01(\v2\x1b.proxyplane.v1.CapabilitiesR\fcapabilities\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12H\n" +
 	"\fentry_hashes\x18\x04 \x03(\v2%.proxyplane.v1.Hello.EntryHashesEntryR\ventryHashes\x12\x1b\n" +
-	"\tnode_hash\x18\x05 \x01(\x06R\bnodeHash\x1a>\n" +
+	"\tnode_hash\x18\x05 \x01(\x06R\bnodeHash\x12)\n" +
+	"\x10resource_version\x18\x06 \x01(\x04R\x0fresourceVersion\x1a>\n" +
 	"\x10EntryHashesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x06R\x05value:\x028\x01\"i\n" +
@@ -1419,17 +1480,19 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\bsnapshot\x18\x02 \x01(\v2\x17.proxyplane.v1.SnapshotH\x00R\bsnapshot\x12,\n" +
 	"\x05delta\x18\x03 \x01(\v2\x14.proxyplane.v1.DeltaH\x00R\x05delta\x128\n" +
 	"\tkeepalive\x18\x04 \x01(\v2\x18.proxyplane.v1.KeepaliveH\x00R\tkeepaliveB\x06\n" +
-	"\x04kind\"\x88\x01\n" +
+	"\x04kind\"\xb3\x01\n" +
 	"\bSnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12+\n" +
 	"\x04node\x18\x02 \x01(\v2\x17.proxyplane.v1.NodeInfoR\x04node\x125\n" +
-	"\aentries\x18\x03 \x03(\v2\x1b.proxyplane.v1.ServiceEntryR\aentries\"\xc4\x01\n" +
+	"\aentries\x18\x03 \x03(\v2\x1b.proxyplane.v1.ServiceEntryR\aentries\x12)\n" +
+	"\x10resource_version\x18\x04 \x01(\x04R\x0fresourceVersion\"\xef\x01\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\tR\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12+\n" +
 	"\x04node\x18\x03 \x01(\v2\x17.proxyplane.v1.NodeInfoR\x04node\x125\n" +
 	"\aupserts\x18\x04 \x03(\v2\x1b.proxyplane.v1.ServiceEntryR\aupserts\x12\x1a\n" +
-	"\bremovals\x18\x05 \x03(\tR\bremovals\"0\n" +
+	"\bremovals\x18\x05 \x03(\tR\bremovals\x12)\n" +
+	"\x10resource_version\x18\x06 \x01(\x04R\x0fresourceVersion\"0\n" +
 	"\x11WatchTableRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\x81\x01\n" +
 	"\x12WatchTableResponse\x125\n" +
@@ -1438,7 +1501,7 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\x04kind\"\x12\n" +
 	"\x10ListNodesRequest\"D\n" +
 	"\x11ListNodesResponse\x12/\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x19.proxyplane.v1.NodeStatusR\x05nodes\"\xf4\x03\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.proxyplane.v1.NodeStatusR\x05nodes\"\xca\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x14\n" +
@@ -1457,7 +1520,9 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\n" +
 	"nack_error\x18\f \x01(\tR\tnackError\x12\x1d\n" +
 	"\n" +
-	"bytes_sent\x18\r \x01(\x04R\tbytesSent\"\x13\n" +
+	"bytes_sent\x18\r \x01(\x04R\tbytesSent\x12'\n" +
+	"\x0fcurrent_version\x18\x0e \x01(\tR\x0ecurrentVersion\x12+\n" +
+	"\x03lag\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\x03lag\"\x13\n" +
 	"\x11ListEventsRequest\"\\\n" +
 	"\x12ListEventsResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.proxyplane.v1.EventR\x06events\x12\x18\n" +
@@ -1517,6 +1582,7 @@ var file_proxyplane_v1_sync_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
 	(*NodeInfo)(nil),              // 20: proxyplane.v1.NodeInfo
 	(*ServiceEntry)(nil),          // 21: proxyplane.v1.ServiceEntry
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
 }
 var file_proxyplane_v1_sync_proto_depIdxs = []int32{
 	1,  // 0: proxyplane.v1.SyncRequest.hello:type_name -> proxyplane.v1.Hello
@@ -1540,22 +1606,23 @@ var file_proxyplane_v1_sync_proto_depIdxs = []int32{
 	2,  // 18: proxyplane.v1.NodeStatus.capabilities:type_name -> proxyplane.v1.Capabilities
 	19, // 19: proxyplane.v1.NodeStatus.connected_at:type_name -> google.protobuf.Timestamp
 	19, // 20: proxyplane.v1.NodeStatus.acked_at:type_name -> google.protobuf.Timestamp
-	17, // 21: proxyplane.v1.ListEventsResponse.events:type_name -> proxyplane.v1.Event
-	19, // 22: proxyplane.v1.Event.first_seen:type_name -> google.protobuf.Timestamp
-	19, // 23: proxyplane.v1.Event.last_seen:type_name -> google.protobuf.Timestamp
-	0,  // 24: proxyplane.v1.TableService.Sync:input_type -> proxyplane.v1.SyncRequest
-	10, // 25: proxyplane.v1.TableService.WatchTable:input_type -> proxyplane.v1.WatchTableRequest
-	12, // 26: proxyplane.v1.TableService.ListNodes:input_type -> proxyplane.v1.ListNodesRequest
-	15, // 27: proxyplane.v1.TableService.ListEvents:input_type -> proxyplane.v1.ListEventsRequest
-	7,  // 28: proxyplane.v1.TableService.Sync:output_type -> proxyplane.v1.SyncResponse
-	11, // 29: proxyplane.v1.TableService.WatchTable:output_type -> proxyplane.v1.WatchTableResponse
-	13, // 30: proxyplane.v1.TableService.ListNodes:output_type -> proxyplane.v1.ListNodesResponse
-	16, // 31: proxyplane.v1.TableService.ListEvents:output_type -> proxyplane.v1.ListEventsResponse
-	28, // [28:32] is the sub-list for method output_type
-	24, // [24:28] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	22, // 21: proxyplane.v1.NodeStatus.lag:type_name -> google.protobuf.Duration
+	17, // 22: proxyplane.v1.ListEventsResponse.events:type_name -> proxyplane.v1.Event
+	19, // 23: proxyplane.v1.Event.first_seen:type_name -> google.protobuf.Timestamp
+	19, // 24: proxyplane.v1.Event.last_seen:type_name -> google.protobuf.Timestamp
+	0,  // 25: proxyplane.v1.TableService.Sync:input_type -> proxyplane.v1.SyncRequest
+	10, // 26: proxyplane.v1.TableService.WatchTable:input_type -> proxyplane.v1.WatchTableRequest
+	12, // 27: proxyplane.v1.TableService.ListNodes:input_type -> proxyplane.v1.ListNodesRequest
+	15, // 28: proxyplane.v1.TableService.ListEvents:input_type -> proxyplane.v1.ListEventsRequest
+	7,  // 29: proxyplane.v1.TableService.Sync:output_type -> proxyplane.v1.SyncResponse
+	11, // 30: proxyplane.v1.TableService.WatchTable:output_type -> proxyplane.v1.WatchTableResponse
+	13, // 31: proxyplane.v1.TableService.ListNodes:output_type -> proxyplane.v1.ListNodesResponse
+	16, // 32: proxyplane.v1.TableService.ListEvents:output_type -> proxyplane.v1.ListEventsResponse
+	29, // [29:33] is the sub-list for method output_type
+	25, // [25:29] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_proxyplane_v1_sync_proto_init() }

@@ -206,7 +206,15 @@ type NodeInfo struct {
 	// /healthz then answers 503 (kube-proxy's nodeEligible false), so that
 	// load balancers stop sending new connections to the node before it
 	// goes; /livez is unaffected.
-	ToBeDeleted   bool `protobuf:"varint,5,opt,name=to_be_deleted,json=toBeDeleted,proto3" json:"to_be_deleted,omitempty"`
+	ToBeDeleted bool `protobuf:"varint,5,opt,name=to_be_deleted,json=toBeDeleted,proto3" json:"to_be_deleted,omitempty"`
+	// The cluster's service CIDRs: spec.cidrs of every networking.k8s.io/v1
+	// ServiceCIDR object, whatever its status, as upstream kube-proxy takes
+	// them; sorted, each once, both families. The same on every node. The
+	// nftables dataplane drops new connections to addresses in them that no
+	// ClusterIP of the table holds (unallocated, or of a Service not
+	// proxied here) instead of routing them off the node. Empty when the
+	// API server serves no ServiceCIDRs: nothing is dropped then.
+	ServiceCidrs  []string `protobuf:"bytes,6,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -274,6 +282,13 @@ func (x *NodeInfo) GetToBeDeleted() bool {
 		return x.ToBeDeleted
 	}
 	return false
+}
+
+func (x *NodeInfo) GetServiceCidrs() []string {
+	if x != nil {
+		return x.ServiceCidrs
+	}
+	return nil
 }
 
 // ServiceEntry is one Service in a node's table, keyed by "namespace/name".
@@ -803,13 +818,14 @@ var File_proxyplane_v1_table_proto protoreflect.FileDescriptor
 
 const file_proxyplane_v1_table_proto_rawDesc = "" +
 	"\n" +
-	"\x19proxyplane/v1/table.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
+	"\x19proxyplane/v1/table.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x03 \x03(\tR\bpodCidrs\x12\x12\n" +
 	"\x04hash\x18\x04 \x01(\x06R\x04hash\x12\"\n" +
-	"\rto_be_deleted\x18\x05 \x01(\bR\vtoBeDeleted\"\xa5\x01\n" +
+	"\rto_be_deleted\x18\x05 \x01(\bR\vtoBeDeleted\x12#\n" +
+	"\rservice_cidrs\x18\x06 \x03(\tR\fserviceCidrs\"\xa5\x01\n" +
 	"\fServiceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\x06R\x04hash\x120\n" +

@@ -42,21 +42,26 @@ func New(cfg Config, observe dataplane.Observer) (*Dataplane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("iptables %v dataplane: %w", cfg.Family, err)
 	}
-	return newDataplane(cfg, runners, observe), nil
+	sys, err := newSysctls(cfg.CommandPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("iptables %v dataplane: %w", cfg.Family, err)
+	}
+	return newDataplane(cfg, runners, sys, observe), nil
 }
 
-// newDataplane is New's seam: the runners are given. With one runner of
-// a fixed backend no detection happens.
-func newDataplane(cfg Config, runners map[xtables.Backend]xtables.Runner, observe dataplane.Observer) *Dataplane {
-	b := &engine{cfg: cfg, tools: xtables.NewTools(chainServices, cfg.Backend, runners)}
+// newDataplane is New's seam: the runners and sysctls are given. With one
+// runner of a fixed backend no detection happens.
+func newDataplane(cfg Config, runners map[xtables.Backend]xtables.Runner, sys sysctls, observe dataplane.Observer) *Dataplane {
+	b := &engine{cfg: cfg, tools: xtables.NewTools(chainServices, cfg.Backend, runners), sysctls: sys}
 	return &Dataplane{Driver: dataplane.NewDriver(b, mode, cfg.Family, observe), b: b}
 }
 
 // engine is the iptables dataplane.Backend: it renders restore input
 // and knows what its last restore left in the kernel.
 type engine struct {
-	cfg   Config
-	tools *xtables.Tools
+	cfg     Config
+	tools   *xtables.Tools
+	sysctls sysctls
 
 	// The fields below belong to the Driver's Sync caller.
 	//
@@ -107,6 +112,15 @@ func (e *engine) Prepare(ctx context.Context, t *proxytable.Table) (string, erro
 // costs a whole-table load with legacy iptables, over a second at 10k
 // services.
 func (e *engine) Full(ctx context.Context, t *proxytable.Table) error {
+	if e.params.localhostNodePorts {
+		// Before the rules that rely on it, and on every full sync, which
+		// repairs a value reset behind our back. Never set back to 0: a
+		// later run without localhost NodePorts cannot know whether
+		// anyone else relies on it (kube-proxy leaves it too).
+		if err := ensureSysctl(ctx, e.sysctls, sysctlRouteLocalnet, "1"); err != nil {
+			return err
+		}
+	}
 	var existing []string
 	if e.state == nil {
 		// Leftovers of an earlier run, or of a failed restore: list them
@@ -147,7 +161,7 @@ func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []strin
 	}
 	e.state = rs.next
 	if !e.jumpsOK {
-		if err := xtables.EnsureJumps(ctx, e.r, jumps); err != nil {
+		if err := xtables.EnsureJumps(ctx, e.r, jumpsFor(e.params.localhostNodePorts)); err != nil {
 			return err
 		}
 		e.jumpsOK = true

@@ -17,7 +17,7 @@ func TestDetectionAtFirstSync(t *testing.T) {
 	legacy.saveOutput = map[string]string{"filter": "*filter\n-A INPUT -j ACCEPT\nCOMMIT\n"}
 	cfg := testConfig(dataplane.IPv4)
 	cfg.Backend = xtables.BackendAuto
-	d := newDataplane(cfg, map[xtables.Backend]xtables.Runner{xtables.BackendNFT: nft, xtables.BackendLegacy: legacy}, nil)
+	d := newDataplane(cfg, map[xtables.Backend]xtables.Runner{xtables.BackendNFT: nft, xtables.BackendLegacy: legacy}, &fakeSysctls{}, nil)
 	if b := d.b.tools.Backend(); b != "" {
 		t.Fatalf("backend before the first Sync = %q", b)
 	}

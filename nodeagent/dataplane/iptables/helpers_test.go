@@ -41,7 +41,37 @@ func caseConfig(c dptest.Case) Config {
 // newTestDataplane returns a Dataplane of cfg writing to f as the runner
 // of cfg.Backend, reporting its syncs to observe (nil for none).
 func newTestDataplane(cfg Config, f xtables.Runner, observe dataplane.Observer) *Dataplane {
-	return newDataplane(cfg, map[xtables.Backend]xtables.Runner{cfg.Backend: f}, observe)
+	return newDataplane(cfg, map[xtables.Backend]xtables.Runner{cfg.Backend: f}, &fakeSysctls{}, observe)
+}
+
+// fakeSysctls holds sysctls in a map, records the writes and fails as
+// told. Unset sysctls read as "0".
+type fakeSysctls struct {
+	values map[string]string
+	sets   []string // "name=value", in order
+	err    error
+}
+
+func (f *fakeSysctls) Get(_ context.Context, name string) (string, error) {
+	if f.err != nil {
+		return "", f.err
+	}
+	if v, ok := f.values[name]; ok {
+		return v, nil
+	}
+	return "0", nil
+}
+
+func (f *fakeSysctls) Set(_ context.Context, name, value string) error {
+	if f.err != nil {
+		return f.err
+	}
+	if f.values == nil {
+		f.values = map[string]string{}
+	}
+	f.values[name] = value
+	f.sets = append(f.sets, name+"="+value)
+	return nil
 }
 
 // renderFull renders t as a full sync would on an empty kernel.
@@ -461,7 +491,10 @@ func (tr *tracer) rule(table, rule string, s pktState, depth int) []pktState {
 			}
 			match = slices.Contains(tr.local, s.src)
 		case "--ctstate":
-			match = slices.Contains(strings.Split(val(), ","), "NEW")
+			// A traced packet opens a connection: NEW, and DNAT once
+			// DNATed.
+			states := strings.Split(val(), ",")
+			match = slices.Contains(states, "NEW") || (s.dnat != "" && slices.Contains(states, "DNAT"))
 		case "--mark":
 			v, m, _ := strings.Cut(val(), "/")
 			vv, _ := strconv.ParseUint(v, 0, 32)

@@ -1,6 +1,10 @@
 package iptables
 
-import "github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
+import (
+	"slices"
+
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
+)
 
 var ctNew = []string{"-m", "conntrack", "--ctstate", "NEW"}
 
@@ -31,4 +35,21 @@ var jumps = []xtables.Jump{
 	{Table: "nat", From: "PREROUTING", To: chainServices, Comment: "proxyplane service portals"},
 	// nat: SNAT after routing, once the output interface is known.
 	{Table: "nat", From: "POSTROUTING", To: chainPostrouting, Comment: "proxyplane postrouting rules"},
+}
+
+// localnetJumps send everything the node receives or sends to PP-LOCALNET,
+// as kube-proxy's KUBE-FIREWALL: the martian rule must see every state
+// but the ones it spares, so no --ctstate NEW here.
+var localnetJumps = []xtables.Jump{
+	{Table: "filter", From: "INPUT", To: chainLocalnet, Comment: "proxyplane localnet firewall"},
+	{Table: "filter", From: "OUTPUT", To: chainLocalnet, Comment: "proxyplane localnet firewall"},
+}
+
+// jumpsFor returns the jumps of a ruleset: with localhost NodePorts, the
+// localnet firewall's too.
+func jumpsFor(localhostNodePorts bool) []xtables.Jump {
+	if !localhostNodePorts {
+		return jumps
+	}
+	return append(slices.Clip(jumps), localnetJumps...)
 }

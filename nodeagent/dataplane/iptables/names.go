@@ -32,6 +32,9 @@ const (
 	// chainFirewall (filter) drops load balancer traffic that a PP-FW-
 	// chain did not let through.
 	chainFirewall = "PP-FIREWALL"
+	// chainLocalnet (filter) drops martian packets to 127.0.0.0/8 that
+	// route_localnet lets in; only with localhost NodePorts.
+	chainLocalnet = "PP-LOCALNET"
 )
 
 // Prefixes of per-service-port and per-endpoint chains, all in the nat

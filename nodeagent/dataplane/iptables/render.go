@@ -26,11 +26,14 @@ type params struct {
 	// localCIDR is the pod CIDR of the family; "" when pod traffic cannot
 	// be recognised (LocalNone, or NodeCIDR without a pod CIDR).
 	localCIDR     string
-	nodePortAll   bool     // NodePorts on every local address but loopback
+	nodePortAll   bool     // NodePorts on every local address (but loopback unless localhostNodePorts)
 	nodePortCIDRs []string // else on the local addresses in these
-	nodeIPs       []netip.Addr
-	dropInvalid   bool
-	randomFully   bool
+	// localhostNodePorts: NodePorts answer on 127.0.0.0/8 too, with
+	// route_localnet and the anti-martian rule (IPv4 only).
+	localhostNodePorts bool
+	nodeIPs            []netip.Addr
+	dropInvalid        bool
+	randomFully        bool
 	// backend shapes the input where the tools differ in speed.
 	backend xtables.Backend
 }
@@ -55,6 +58,7 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 	}
 	all, cidrs := set.NodePorts()
 	p.nodePortAll, p.nodePortCIDRs = all, strs(cidrs)
+	p.localhostNodePorts = set.LocalhostNodePortsOn()
 	return p
 }
 
@@ -337,7 +341,7 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		a.raw("-X " + c)
 	}
 	if in.refreshJumps {
-		writeJumps(a, "nat")
+		writeJumps(a, "nat", jumpsFor(p.localhostNodePorts))
 	}
 	if a.lines == natStart+1 {
 		// Nothing for nat: drop the header.
@@ -350,6 +354,9 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		a.raw("*filter")
 		for _, c := range [...]string{chainServices, chainExternalServices, chainForward, chainNodePorts, chainFirewall} {
 			a.raw(chainLine(c))
+		}
+		if p.localhostNodePorts {
+			a.raw(chainLine(chainLocalnet))
 		}
 		f := &lineBuffer{}
 		for _, k := range keys {
@@ -371,9 +378,19 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 			"-m", "mark", "--mark", p.mark+"/"+p.mark, "-j", "ACCEPT")
 		f.write("-A", chainForward, "-m", "comment", "--comment", `"proxyplane forwarding conntrack rule"`,
 			"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT")
+		if p.localhostNodePorts {
+			// route_localnet lets packets to 127.0.0.0/8 in from any
+			// interface (kubernetes#90259): drop those that come from
+			// outside the node, except replies and the DNATed NodePort
+			// connections themselves, as kube-proxy's (and kubelet's)
+			// KUBE-FIREWALL rule, word for word.
+			f.write("-A", chainLocalnet, "-m", "comment", "--comment", `"block incoming localnet connections"`,
+				"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8",
+				"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
+		}
 		a.add(f)
 		if in.refreshJumps {
-			writeJumps(a, "filter")
+			writeJumps(a, "filter", jumpsFor(p.localhostNodePorts))
 		}
 		a.raw("COMMIT")
 	}
@@ -390,7 +407,7 @@ const ownerJumps = "\x00jumps"
 // with the rest. It requires the jumps to be there: the -D fails the
 // restore otherwise (someone flushed a built-in chain), and the
 // engine then installs them one by one and retries.
-func writeJumps(a *assembler, table string) {
+func writeJumps(a *assembler, table string, jumps []xtables.Jump) {
 	l := &lineBuffer{}
 	l.owner(ownerJumps)
 	for _, j := range jumps {
@@ -700,8 +717,13 @@ func (r *renderer) nodePortJumps(d *lineBuffer) {
 	p := r.p
 	comment := []string{"-A", chainServices, "-m", "comment", "--comment", `"proxyplane service nodeports; NOTE: this must be the last rule in this chain"`}
 	if p.nodePortAll {
-		// Loopback NodePorts would need route_localnet (a security
-		// hole, kubernetes #90259); IPv6 never supports them.
+		if p.localhostNodePorts {
+			d.writeN(comment, []string{"-m", "addrtype", "--dst-type", "LOCAL", "-j", chainNodePorts})
+			return
+		}
+		// Loopback NodePorts need route_localnet (a security hole,
+		// kubernetes#90259) and its anti-martian rule: only with
+		// localhostNodePorts, and never on IPv6.
 		d.writeN(comment, []string{"-m", "addrtype", "--dst-type", "LOCAL", "!", "-d", p.family.Loopback().String(), "-j", chainNodePorts})
 		return
 	}

@@ -97,6 +97,9 @@ const maxInterfaceName = 15
 // dataplane.ErrInvalidConfig that lists everything wrong.
 func (c *Config) Validate() error {
 	errs := []error{c.Settings.Validate()}
+	if lo := c.LoopbackNodePortAddresses(); c.LocalhostNodePorts && len(lo) > 0 {
+		errs = append(errs, fmt.Errorf("nodePortAddresses %v: the IPVS dataplane has no localhost NodePorts", lo))
+	}
 	if !slices.Contains(Schedulers, c.Scheduler) {
 		errs = append(errs, fmt.Errorf("scheduler %q: want one of %s", c.Scheduler, strings.Join(Schedulers, ", ")))
 	}

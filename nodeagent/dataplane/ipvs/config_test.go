@@ -35,6 +35,9 @@ func TestValidate(t *testing.T) {
 		}, "more than one"},
 		{"local mode", func(c *Config) { c.LocalMode = "Bridge" }, "local mode"},
 		{"loopback nodeport", func(c *Config) { c.NodePortAddresses = []string{"127.0.0.0/8"} }, "loopback"},
+		{"loopback nodeport with localhostNodePorts", func(c *Config) {
+			c.LocalhostNodePorts, c.NodePortAddresses = true, []string{"127.0.0.0/8"}
+		}, "no localhost NodePorts"},
 		{"all nodeport addresses", func(c *Config) { c.NodePortAddresses = []string{"0.0.0.0/0"} }, ""},
 		{"bad node IP", func(c *Config) { c.NodeIPs = []string{"nope"} }, "nodeIPs"},
 		{"bad exclude CIDR", func(c *Config) { c.ExcludeCIDRs = []string{"10.0.0.0/33"} }, "excludeCIDRs"},

@@ -21,8 +21,11 @@ type params struct {
 	nodePortAll   bool           // NodePorts on every local address but loopback
 	nodePortCIDRs []netip.Prefix // else on the local addresses in these
 	nodeIPs       []netip.Addr
-	dropInvalid   bool
-	randomFully   bool
+	// serviceCIDRs are the cluster's service CIDRs of the family, from
+	// the table's NodeInfo.
+	serviceCIDRs []netip.Prefix
+	dropInvalid  bool
+	randomFully  bool
 }
 
 func newParams(c *Config, node *pb.NodeInfo) params {
@@ -35,13 +38,15 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 		dropInvalid:   !s.ConntrackTCPBeLiberal,
 		randomFully:   !s.NoRandomFully,
 		localCIDR:     s.LocalCIDR(node),
+		serviceCIDRs:  s.Family.Prefixes(node.GetServiceCidrs()),
 	}
 	p.nodePortAll, p.nodePortCIDRs = s.NodePorts()
 	return p
 }
 
 // fingerprint identifies everything in p that rules depend on; a change
-// (the node's pod CIDR in NodeCIDR mode) makes the next sync a full one.
+// (the node's pod CIDR in NodeCIDR mode, the service CIDRs) makes the next
+// sync a full one.
 func (p *params) fingerprint() string { return fmt.Sprintf("%+v", *p) }
 
 // Base-chain priorities, numeric because nft 1.0.6 names them only on some
@@ -136,12 +141,26 @@ func skeleton(p *params) ([]*chain, []*set) {
 			newRule(reject{}),
 		}},
 		{name: chainFirewallCheck, rules: []rule{newRule(vmapLookup{withAddr: true, set: mapFirewallIPs})}},
-		// What is still addressed to a ClusterIP after DNAT is for a port
-		// the Service does not have: refuse it, as kube-proxy's nftables
-		// mode, rather than route it out.
-		{name: chainClusterIPsCheck, rules: []rule{newRule(setMatch{set: setClusterIPs}, goTo(chainReject))}},
+		{name: chainClusterIPsCheck, rules: clusterIPsCheck(p)},
 	}
 	return chains, sets
+}
+
+// clusterIPsCheck returns the rules of cluster-ips-check, which sees new
+// connections after DNAT, as kube-proxy's nftables mode. What is still
+// addressed to a ClusterIP then is for a port the Service does not have:
+// refuse it rather than route it out. What is still addressed to the
+// service CIDRs is for an address no Service of the table holds
+// (unallocated, or a Service another proxy handles): drop it, as upstream,
+// rather than route it off the node. One rule per CIDR, not an anonymous
+// set: a cluster has one or two, and anonymous sets are what makes large
+// commits slow.
+func clusterIPsCheck(p *params) []rule {
+	rules := []rule{newRule(setMatch{set: setClusterIPs}, goTo(chainReject))}
+	for _, cidr := range p.serviceCIDRs {
+		rules = append(rules, newRule(addrMatch{p: cidr}, verdictOf(verdictDrop)))
+	}
+	return rules
 }
 
 // fragment is what one Service contributes: its own chains and affinity

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
@@ -44,7 +45,13 @@ func DefaultConfig(family dataplane.Family) Config {
 func (c *Config) Validate() error {
 	// Settings are all there is to check: NetNS is opened by the first
 	// Sync, as a namespace may be created after the configuration is read.
-	if err := c.Settings.Validate(); err != nil {
+	err := c.Settings.Validate()
+	if lo := c.LoopbackNodePortAddresses(); c.LocalhostNodePorts && len(lo) > 0 {
+		// Upstream's nftables mode logs and skips them; a configuration
+		// that cannot be honoured is refused here instead.
+		err = errors.Join(err, fmt.Errorf("nodePortAddresses %v: the nftables dataplane has no localhost NodePorts", lo))
+	}
+	if err != nil {
 		return fmt.Errorf("%w: %w", dataplane.ErrInvalidConfig, err)
 	}
 	return nil

@@ -25,6 +25,11 @@ func TestConfigValidate(t *testing.T) {
 			c.ClusterCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12"}
 		}, want: "more than one"},
 		{name: "loopback NodePorts", cfg: func(c *Config) { c.NodePortAddresses = []string{"127.0.0.0/8"} }, want: "loopback"},
+		{name: "loopback NodePorts with localhostNodePorts", cfg: func(c *Config) {
+			c.LocalhostNodePorts, c.NodePortAddresses = true, []string{"127.0.0.0/8"}
+		}, want: "no localhost NodePorts"},
+		// Upstream's nftables mode ignores the setting: so does this one.
+		{name: "localhostNodePorts alone", cfg: func(c *Config) { c.LocalhostNodePorts = true }},
 		{name: "all NodePorts", cfg: func(c *Config) { c.NodePortAddresses = []string{"0.0.0.0/0", "::/0"} }},
 		{name: "node IP", cfg: func(c *Config) { c.NodeIPs = []string{"node"} }, want: "nodeIPs"},
 	} {

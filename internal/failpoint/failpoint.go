@@ -1,8 +1,9 @@
-// Package failpoint kills the node agent at a named point of its work, for
-// fault-injection tests: with PROXYPLANE_FAILPOINT=<name> in its
-// environment, the process sends itself SIGKILL when it reaches that
-// point, as a node losing power would stop it. Without the variable (in
-// production) Hit compares two strings and returns.
+// Package failpoint kills a proxyplane process (the node agent or the
+// control plane) at a named point of its work, for fault-injection tests:
+// with PROXYPLANE_FAILPOINT=<name> in its environment, the process sends
+// itself SIGKILL when it reaches that point, as a machine losing power
+// would stop it. Without the variable (in production) Hit compares two
+// strings and returns.
 package failpoint
 
 import (
@@ -13,7 +14,7 @@ import (
 // Env is the environment variable that arms a failpoint.
 const Env = "PROXYPLANE_FAILPOINT"
 
-// The points, in the order a table response meets them.
+// The node agent's points, in the order a table response meets them.
 const (
 	// AfterPersist is after a response's table was written to the cache,
 	// before it is programmed.
@@ -36,3 +37,10 @@ func Hit(name string) {
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // the signal is on its way
 }
+
+// The control plane's point.
+const (
+	// AfterSend is after a table response was handed to an agent's
+	// stream, before its ACK or NACK is read: the replica dies mid-stream.
+	AfterSend = "after-send"
+)
