@@ -61,6 +61,28 @@ type Cleaner interface {
 	Cleanup(ctx context.Context) error
 }
 
+// RuleCounter is implemented by a Backend that counts the rules it owns,
+// as kube-proxy's iptables proxier does for its
+// sync_proxy_rules_iptables_total and _last metrics.
+type RuleCounter interface {
+	// RuleCounts returns, per table, the rules of the input the sync under
+	// way rendered, whether or not the kernel took it (kube-proxy sets its
+	// metrics before restoring); nil when the sync failed before
+	// rendering. The Driver calls it after Full or Partial returns.
+	RuleCounts() []TableRules
+}
+
+// TableRules counts a backend's rules in one kernel table.
+type TableRules struct {
+	// Table is the kernel table, "nat" or "filter".
+	Table string
+	// Total is every rule the backend owns in the table once the sync is
+	// in force, those of chains the sync left alone included.
+	Total int
+	// Written is the rules the sync's input adds to the table.
+	Written int
+}
+
 // SyncResult describes one sync a Driver ran, for metrics and logs.
 type SyncResult struct {
 	// Mode and Family name the dataplane, as Driver's constructor was
@@ -75,6 +97,9 @@ type SyncResult struct {
 	Drifted bool
 	// Took is how long the sync took, Prepare included.
 	Took time.Duration
+	// Rules counts the rules per table, from a Backend that is a
+	// RuleCounter; nil otherwise, or when the sync rendered nothing.
+	Rules []TableRules
 	// Err is the sync's error, nil on success.
 	Err error
 }
@@ -140,6 +165,9 @@ func (d *Driver) Sync(ctx context.Context, t *proxytable.Table, changed []string
 	start := time.Now()
 	res.Full, res.Drifted, res.Err = d.sync(ctx, t, changed, full)
 	res.Took = time.Since(start)
+	if rc, ok := d.b.(RuleCounter); ok {
+		res.Rules = rc.RuleCounts()
+	}
 	if res.Err != nil {
 		d.synced = false
 		d.b.Forget()

@@ -48,6 +48,14 @@ func (d driftingBackend) Drifted(context.Context) (bool, error) {
 	return *d.drift, d.driftErr
 }
 
+// countingBackend is a fakeBackend that is also a RuleCounter.
+type countingBackend struct {
+	*fakeBackend
+	rules []dataplane.TableRules
+}
+
+func (c countingBackend) RuleCounts() []dataplane.TableRules { return c.rules }
+
 // recorder is an Observer keeping every result.
 type recorder []dataplane.SyncResult
 
@@ -100,6 +108,28 @@ func TestDriverFullOrPartial(t *testing.T) {
 	}
 	if len(rec) != len(steps) {
 		t.Errorf("observed %d syncs, want %d", len(rec), len(steps))
+	}
+}
+
+func TestDriverRuleCounts(t *testing.T) {
+	ctx := context.Background()
+	rules := []dataplane.TableRules{{Table: "nat", Total: 9, Written: 2}}
+	b := countingBackend{&fakeBackend{fail: map[string]error{"partial ": errors.New("restore failed")}}, rules}
+	var rec recorder
+	d := dataplane.NewDriver(b, "fake", dataplane.IPv4, rec.observe)
+	_ = d.Sync(ctx, nil, nil, true)
+	// A failed sync reports what the backend counted too.
+	_ = d.Sync(ctx, nil, nil, false)
+	if len(rec) != 2 || !slices.Equal(rec[0].Rules, rules) || !slices.Equal(rec[1].Rules, rules) || rec[1].Err == nil {
+		t.Errorf("observed %+v, want two syncs, the second failed, both with rules %v", rec, rules)
+	}
+
+	// A backend that does not count reports nothing.
+	rec = nil
+	d = dataplane.NewDriver(&fakeBackend{}, "fake", dataplane.IPv4, rec.observe)
+	_ = d.Sync(ctx, nil, nil, true)
+	if len(rec) != 1 || rec[0].Rules != nil {
+		t.Errorf("observed %+v, want one sync without rules", rec)
 	}
 }
 

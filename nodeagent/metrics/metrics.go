@@ -144,6 +144,19 @@ var (
 		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_partial_restore_failures_total",
 		Help: "Cumulative proxy iptables partial restore failures",
 	}, []string{labelFamily})
+	// IPTablesRulesTotal is, per table, the rules the iptables mode owns
+	// after its last sync, those of chains a partial sync left alone
+	// included.
+	IPTablesRulesTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_total",
+		Help: "Total number of iptables rules owned by kube-proxy",
+	}, []string{"table", labelFamily})
+	// IPTablesRulesLastSync is, per table, the rules the iptables mode's
+	// last sync wrote.
+	IPTablesRulesLastSync = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Subsystem: subsystem, Name: "sync_proxy_rules_iptables_last",
+		Help: "Number of iptables rules written by kube-proxy in last sync",
+	}, []string{"table", labelFamily})
 	// NFTablesSyncFailuresTotal counts failed nftables syncs.
 	NFTablesSyncFailuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Subsystem: subsystem, Name: "sync_proxy_rules_nftables_sync_failures_total",
@@ -211,7 +224,8 @@ func Register(r prometheus.Registerer, mode string) {
 	switch mode {
 	case "iptables":
 		r.MustRegister(SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration,
-			IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal)
+			IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal,
+			IPTablesRulesTotal, IPTablesRulesLastSync)
 	case "ipvs":
 		r.MustRegister(IPTablesRestoreFailuresTotal)
 	case "nftables":

@@ -113,6 +113,36 @@ func TestObserveSyncFullOrPartial(t *testing.T) {
 	}
 }
 
+func TestObserveSyncIPTablesRules(t *testing.T) {
+	partial := []dataplane.TableRules{{Table: "nat", Total: 120, Written: 7}, {Table: "filter", Total: 5, Written: 0}}
+	ObserveSync(dataplane.SyncResult{Mode: "iptables", Family: dataplane.IPv6, Rules: partial})
+	// A failed sync still reports what it rendered, as kube-proxy.
+	failed := []dataplane.TableRules{{Table: "nat", Total: 90, Written: 90}}
+	ObserveSync(dataplane.SyncResult{Mode: "iptables", Family: dataplane.IPv4, Full: true, Err: errors.New("x"), Rules: failed})
+	// Other modes do not count rules.
+	ipvs := []dataplane.TableRules{{Table: "filter", Total: 1, Written: 1}}
+	ObserveSync(dataplane.SyncResult{Mode: "ipvs", Family: dataplane.IPv4, Rules: ipvs})
+	for _, c := range []struct {
+		vec        *prometheus.GaugeVec
+		table, fam string
+		want       float64
+	}{
+		{IPTablesRulesTotal, "nat", "IPv6", 120},
+		{IPTablesRulesLastSync, "nat", "IPv6", 7},
+		{IPTablesRulesTotal, "filter", "IPv6", 5},
+		{IPTablesRulesLastSync, "filter", "IPv6", 0},
+		{IPTablesRulesTotal, "nat", "IPv4", 90},
+		{IPTablesRulesLastSync, "nat", "IPv4", 90},
+	} {
+		if got := testutil.ToFloat64(c.vec.WithLabelValues(c.table, c.fam)); got != c.want {
+			t.Errorf("%v{table=%s,ip_family=%s} = %v, want %v", c.vec, c.table, c.fam, got, c.want)
+		}
+	}
+	if IPTablesRulesTotal.DeleteLabelValues("filter", "IPv4") || IPTablesRulesLastSync.DeleteLabelValues("filter", "IPv4") {
+		t.Error("an ipvs sync set the iptables rule counts")
+	}
+}
+
 func svc(name string, itp, etp pb.TrafficPolicy, nodePort int32, clusterIPs []string, hasEndpoints bool, local ...string) *pb.ServiceEntry {
 	s := &pb.Service{
 		Namespace: "ns", Name: name, ClusterIps: clusterIPs,
@@ -184,7 +214,7 @@ func names(t *testing.T, mode string) []string {
 	Register(reg, mode)
 	// Vectors without a child are not gathered: give each one.
 	ObserveSync(dataplane.SyncResult{Mode: mode, Family: dataplane.IPv4, Err: &xtables.RestoreError{Err: errors.New("x")}})
-	ObserveSync(dataplane.SyncResult{Mode: mode, Family: dataplane.IPv4, Full: true})
+	ObserveSync(dataplane.SyncResult{Mode: mode, Family: dataplane.IPv4, Full: true, Rules: []dataplane.TableRules{{Table: "nat"}}})
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -198,9 +228,9 @@ func names(t *testing.T, mode string) []string {
 
 func TestRegisterByMode(t *testing.T) {
 	for mode, want := range map[string][2][]string{
-		"iptables": {{"kubeproxy_sync_full_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"}, {"kubeproxy_sync_proxy_rules_nftables_sync_failures_total"}},
-		"ipvs":     {{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "kubeproxy_sync_proxy_rules_duration_seconds"}, {"kubeproxy_sync_full_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"}},
-		"nftables": {{"kubeproxy_sync_partial_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"}, {"kubeproxy_sync_proxy_rules_iptables_restore_failures_total"}},
+		"iptables": {{"kubeproxy_sync_full_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", "kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_last"}, {"kubeproxy_sync_proxy_rules_nftables_sync_failures_total"}},
+		"ipvs":     {{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "kubeproxy_sync_proxy_rules_duration_seconds"}, {"kubeproxy_sync_full_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_last"}},
+		"nftables": {{"kubeproxy_sync_partial_proxy_rules_duration_seconds", "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"}, {"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "kubeproxy_sync_proxy_rules_iptables_total", "kubeproxy_sync_proxy_rules_iptables_last"}},
 	} {
 		got := names(t, mode)
 		for _, n := range want[0] {

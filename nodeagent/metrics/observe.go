@@ -7,7 +7,8 @@ import (
 
 // ObserveSync records one family's sync, as kube-proxy's proxier does at
 // the end of syncProxyRules: its duration (full or partial, success or
-// not), when it last succeeded, and its failures under the mode's names.
+// not), the iptables mode's rule counts, when it last succeeded, and its
+// failures under the mode's names.
 // It is a dataplane.Observer: each Driver calls it on its Sync caller's
 // goroutine.
 func ObserveSync(r dataplane.SyncResult) {
@@ -20,6 +21,14 @@ func ObserveSync(r dataplane.SyncResult) {
 			SyncFullProxyRulesDuration.WithLabelValues(family).Observe(took)
 		} else {
 			SyncPartialProxyRulesDuration.WithLabelValues(family).Observe(took)
+		}
+	}
+	// Set whether or not the restore succeeded, as kube-proxy sets them
+	// before restoring.
+	if r.Mode == "iptables" {
+		for _, t := range r.Rules {
+			IPTablesRulesTotal.WithLabelValues(t.Table, family).Set(float64(t.Total))
+			IPTablesRulesLastSync.WithLabelValues(t.Table, family).Set(float64(t.Written))
 		}
 	}
 	if r.Err == nil {

@@ -73,6 +73,10 @@ type engine struct {
 	// sync then lists the nat chains with iptables-save, so that it also
 	// deletes chains a failed restore created.
 	state *programmed
+	// rules counts the rules of the input the sync under way rendered;
+	// Prepare clears it, so a sync that fails before rendering reports
+	// none.
+	rules []dataplane.TableRules
 	// jumpsOK is set once every jump from the built-in chains is in. It
 	// outlives Forget: full syncs verify the jumps inside the restore
 	// anyway (see writeJumps).
@@ -80,9 +84,13 @@ type engine struct {
 }
 
 var (
-	_ dataplane.Backend = (*engine)(nil)
-	_ dataplane.Cleaner = (*engine)(nil)
+	_ dataplane.Backend     = (*engine)(nil)
+	_ dataplane.Cleaner     = (*engine)(nil)
+	_ dataplane.RuleCounter = (*engine)(nil)
 )
+
+// RuleCounts implements dataplane.RuleCounter.
+func (e *engine) RuleCounts() []dataplane.TableRules { return e.rules }
 
 // Cleanup implements dataplane.Cleaner: it deletes every PP- chain and
 // the jumps to them from the nat and filter tables of both backends.
@@ -95,6 +103,7 @@ func (e *engine) Cleanup(ctx context.Context) error {
 // first call, and resolves the parameters every rule depends on (the
 // node's pod CIDR in NodeCIDR mode among them).
 func (e *engine) Prepare(ctx context.Context, t *proxytable.Table) (string, error) {
+	e.rules = nil
 	r, err := e.tools.Runner(ctx)
 	if err != nil {
 		return "", err
@@ -144,6 +153,7 @@ func (e *engine) Full(ctx context.Context, t *proxytable.Table) error {
 func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []string) error {
 	in := &renderInput{table: t, params: e.params, full: true, prev: e.state, refreshJumps: e.jumpsOK, existing: existing}
 	rs := render(in)
+	e.rules = rs.counts()
 	if err := e.restore(ctx, rs); err != nil {
 		var re *xtables.RestoreError
 		if in.refreshJumps && errors.As(err, &re) && rs.owners.owner(re.Line) == ownerJumps {
@@ -173,6 +183,7 @@ func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []strin
 // Services' chains and edits the dispatch chains in place.
 func (e *engine) Partial(ctx context.Context, t *proxytable.Table, changed []string) error {
 	rs := render(&renderInput{table: t, params: e.params, changed: changed, prev: e.state})
+	e.rules = rs.counts()
 	if err := e.restore(ctx, rs); err != nil {
 		return err
 	}

@@ -77,6 +77,9 @@ const largeClusterEndpoints = 1000
 type programmed struct {
 	large    bool // comments left out of per-endpoint rules
 	services map[string]*serviceState
+	// natRules and filterRules count the rules we own in each table
+	// (the jumps from the built-in chains aside, as kube-proxy counts).
+	natRules, filterRules int
 }
 
 // serviceState is what one Service wrote.
@@ -88,6 +91,16 @@ type serviceState struct {
 	// not touch the Service.
 	dispatch, filter           []byte
 	dispatchLines, filterLines int
+	// natLines is the number of rules in its own chains.
+	natLines int
+}
+
+// rules returns how many rules s owns in nat and filter; none for nil.
+func (s *serviceState) rules() (nat, filter int) {
+	if s == nil {
+		return 0, 0
+	}
+	return s.dispatchLines + s.natLines, s.filterLines
 }
 
 // renderInput is what one sync renders.
@@ -126,6 +139,20 @@ type ruleset struct {
 	// wroteDispatch and wroteFilter say whether the input rewrites the
 	// dispatch chains and the filter table whole.
 	wroteDispatch, wroteFilter bool
+	// dispatchInserts counts the rules dispatchEdits adds.
+	dispatchInserts int
+	// natWritten and filterWritten count the rules the input adds to
+	// each table, the jumps from the built-in chains aside.
+	natWritten, filterWritten int
+}
+
+// counts returns the rules of rs per table, for the
+// sync_proxy_rules_iptables metrics.
+func (rs *ruleset) counts() []dataplane.TableRules {
+	return []dataplane.TableRules{
+		{Table: "nat", Total: rs.next.natRules, Written: rs.natWritten},
+		{Table: "filter", Total: rs.next.filterRules, Written: rs.filterWritten},
+	}
 }
 
 // render produces the iptables-restore input for in. It is pure: no I/O,
@@ -157,6 +184,8 @@ func render(in *renderInput) *ruleset {
 		}
 	} else {
 		next.large, r.large = in.prev.large, in.prev.large
+		// Updated below by the changed Services' difference.
+		next.natRules, next.filterRules = in.prev.natRules, in.prev.filterRules
 		for _, k := range in.changed {
 			changed[k] = true
 		}
@@ -236,6 +265,10 @@ func render(in *renderInput) *ruleset {
 			if prev == cur {
 				continue
 			}
+			oldNat, oldFilter := prev.rules()
+			newNat, newFilter := cur.rules()
+			next.natRules += newNat - oldNat
+			next.filterRules += newFilter - oldFilter
 			var oldD, newD, oldF, newF []byte
 			if prev != nil {
 				oldD, oldF = prev.dispatch, prev.filter
@@ -257,6 +290,7 @@ func render(in *renderInput) *ruleset {
 				} else {
 					rs.dispatchEdits.write(line)
 				}
+				rs.dispatchInserts++
 			}
 		}
 	}
@@ -321,6 +355,7 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		top.write(masq...)
 		top.write("-A", chainMarkMasq, "-j", "MARK", "--or-mark", p.mark)
 		a.add(top)
+		rs.natWritten += top.lines
 	}
 	if rs.wroteDispatch {
 		d := &lineBuffer{b: make([]byte, 0, 256*len(rs.next.services))}
@@ -334,9 +369,12 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		d.owner("")
 		r.nodePortJumps(d)
 		a.add(d)
+		rs.natWritten += d.lines
 	}
 	a.add(&rs.dispatchEdits)
 	a.add(&r.natRules)
+	// Every line of natRules adds a rule: deletions come after, as -X.
+	rs.natWritten += rs.dispatchInserts + r.natRules.lines
 	for _, c := range rs.stale {
 		a.raw("-X " + c)
 	}
@@ -389,12 +427,16 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 				"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
 		}
 		a.add(f)
+		rs.filterWritten = f.lines
 		if in.refreshJumps {
 			writeJumps(a, "filter", jumpsFor(p.localhostNodePorts))
 		}
 		a.raw("COMMIT")
 	}
 	rs.data, rs.owners = a.b, lineOwners(a.spans)
+	if in.full {
+		rs.next.natRules, rs.next.filterRules = rs.natWritten, rs.filterWritten
+	}
 }
 
 // ownerJumps owns the jump lines of an input, so that a restore failing on
@@ -480,6 +522,9 @@ func (r *renderer) service(plan *svcPlan, prev *serviceState) *serviceState {
 	for i := range plan.ports {
 		st.chains = r.portChains(plan, &plan.ports[i], st.chains)
 	}
+	// Counted before the truncation below: kube-proxy's total includes
+	// the rules of chains a partial sync leaves alone.
+	st.natLines = r.natRules.lines - rm.lines
 	d := xxhash.New()
 	_, _ = d.Write(r.natChains.since(cm))
 	_, _ = d.Write(r.natRules.since(rm))

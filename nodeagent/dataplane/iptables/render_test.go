@@ -25,6 +25,14 @@ func TestGolden(t *testing.T) {
 			cfg := caseConfig(c)
 			rs := renderFull(dptest.Table(t, dptest.Node(), c.Services()...), cfg)
 			dptest.Golden(t, c.Name, string(rs.data), *update)
+			// A full sync writes every rule we own: kube-proxy's
+			// sync_proxy_rules_iptables_total and _last agree.
+			want := restoreRuleCounts(string(rs.data))
+			for _, got := range rs.counts() {
+				if got.Total != want[got.Table] || got.Written != want[got.Table] {
+					t.Errorf("%s rules: total %d, written %d; the input adds %d", got.Table, got.Total, got.Written, want[got.Table])
+				}
+			}
 			// The kernel model must accept it: every jump target exists,
 			// nothing deleted is still referenced.
 			f := newFakeRunner()

@@ -368,3 +368,95 @@ func TestJumpsRepaired(t *testing.T) {
 	}
 	s.assertKernelLikeFullSync()
 }
+
+// restoreRuleCounts counts, per table, the rules restore input adds to our
+// chains ("-A PP-" and "-I PP-" lines), leaving out the jumps from the
+// built-in chains, which kube-proxy does not count either.
+func restoreRuleCounts(data string) map[string]int {
+	out := map[string]int{}
+	table := ""
+	for _, line := range strings.Split(data, "\n") {
+		if name, ok := strings.CutPrefix(line, "*"); ok {
+			table = name
+			continue
+		}
+		if strings.HasPrefix(line, "-A PP-") || strings.HasPrefix(line, "-I PP-") {
+			out[table]++
+		}
+	}
+	return out
+}
+
+// kernelRuleCounts counts the rules in our chains of the fake kernel.
+func kernelRuleCounts(k *fakeKernel) map[string]int {
+	out := map[string]int{}
+	for _, table := range []string{"nat", "filter"} {
+		for c, rules := range k.tables[table].chains {
+			if strings.HasPrefix(c, "PP-") {
+				out[table] += len(rules)
+			}
+		}
+	}
+	return out
+}
+
+// TestRuleCounts checks the counts behind kube-proxy's
+// sync_proxy_rules_iptables_total and _last: what a sync wrote is the
+// rules in its restore input; the total is what the kernel holds in our
+// chains, partial syncs' untouched chains included.
+func TestRuleCounts(t *testing.T) {
+	s := newSyncer(t, testConfig(dataplane.IPv4))
+	check := func(step, data string, wantFull bool) {
+		t.Helper()
+		res := s.rec.Last(t)
+		if res.Full != wantFull {
+			t.Fatalf("%s: sync full = %v, want %v", step, res.Full, wantFull)
+		}
+		got := map[string]dataplane.TableRules{}
+		for _, r := range res.Rules {
+			got[r.Table] = r
+		}
+		written, total := restoreRuleCounts(data), kernelRuleCounts(s.f.kernel)
+		for _, table := range []string{"nat", "filter"} {
+			if got[table].Written != written[table] || got[table].Total != total[table] {
+				t.Errorf("%s: %s rules written %d, total %d; want %d (restore input), %d (kernel)",
+					step, table, got[table].Written, got[table].Total, written[table], total[table])
+			}
+		}
+		if len(res.Rules) != 2 {
+			t.Errorf("%s: counts for %d tables, want nat and filter", step, len(res.Rules))
+		}
+	}
+
+	services := append(dptest.CaseServices(), dptest.ScaleServices(5, 2)...)
+	data := s.mustSync(true, services...)
+	check("first full sync", data, true)
+
+	// An endpoint change: only that Service's chains are written, but the
+	// total still counts every other Service's rules.
+	services[len(services)-1] = dptest.EndpointChange(services[len(services)-1], 0)
+	data = s.mustSync(false, services...)
+	check("endpoint change", data, false)
+	if w := restoreRuleCounts(data); w["nat"] == 0 || w["filter"] != 0 {
+		t.Fatalf("endpoint change wrote %v, want some nat rules and no filter rule", w)
+	}
+
+	// A Service removed, one added and one without endpoints added: the
+	// dispatch chains are edited in place and the filter table rewritten.
+	rejected := dptest.Svc("ns", "rejected", "10.96.9.9")
+	rejected.Ports = []*pb.ServicePort{dptest.Port("http", dptest.TCP, 80, 0, false)}
+	services = append(services[1:], dptest.ScaleServices(6, 2)[5], rejected)
+	data = s.mustSync(false, services...)
+	check("services added and removed", data, false)
+	if !strings.Contains(data, "\n-I "+chainServices+" 1 ") || !strings.Contains(data, "\n*filter\n") {
+		t.Fatalf("the partial sync did not insert dispatch rules and rewrite the filter table, which this test means to count:\n%s", data)
+	}
+
+	// Full syncs once the jumps are in re-assert them in the restore:
+	// they are not counted.
+	data = s.mustSync(true, services...)
+	check("second full sync", data, true)
+	if !strings.Contains(data, "-I PREROUTING") {
+		t.Fatalf("second full sync did not re-assert the jumps, which this test means to leave out:\n%s", data)
+	}
+}
