@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -136,4 +137,57 @@ logging: {level: debug, format: json}
 	if err := o.Complete(fs); err == nil {
 		t.Error("no error for a missing --config file")
 	}
+}
+
+// TestConfigFileCoversEveryFlag sets each flag's field, alone, in a file:
+// the strict decoder must know the field and the flag must take its
+// value. A flag added without its field, or a field applyFile forgets,
+// fails here.
+func TestConfigFileCoversEveryFlag(t *testing.T) {
+	notInFile := map[string]bool{"config": true, "insecure": true, "version": true}
+	nested := map[string]string{
+		"log-level": "logging: {level: %s}", "v": "logging: {verbosity: %s}", "logging-format": "logging: {format: %s}",
+		"tls-cert-file": "tls: {certFile: %s}", "tls-private-key-file": "tls: {privateKeyFile: %s}", "tls-san": "tls: {sans: %s}",
+	}
+	samples := map[string]string{
+		"string": `"from-file"`, "duration": "7s", "int": "7", "int32": "7", "uint32": "7", "float64": "7.5", "stringSlice": `["from.file"]`,
+	}
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	NewOptions().AddFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) {
+		if notInFile[f.Name] {
+			return
+		}
+		sample, ok := samples[f.Value.Type()]
+		if !ok {
+			t.Errorf("--%s: no sample for flags of type %s", f.Name, f.Value.Type())
+			return
+		}
+		field := nested[f.Name]
+		if field == "" {
+			words := strings.Split(f.Name, "-")
+			for i := 1; i < len(words); i++ {
+				words[i] = strings.ToUpper(words[i][:1]) + words[i][1:]
+			}
+			field = strings.Join(words, "") + ": %s"
+		}
+		path := filepath.Join(t.TempDir(), "controlplane.yaml")
+		file := "apiVersion: controlplane.proxyplane.io/v1alpha1\nkind: ControlPlaneConfiguration\n" + fmt.Sprintf(field, sample) + "\n"
+		if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o := NewOptions()
+		ofs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+		o.AddFlags(ofs)
+		if err := ofs.Parse([]string{"--config=" + path}); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Complete(ofs); err != nil {
+			t.Errorf("--%s: %v", f.Name, err)
+			return
+		}
+		if got := ofs.Lookup(f.Name).Value.String(); got == f.DefValue {
+			t.Errorf("--%s: the file's %q left it at its default %s", f.Name, strings.TrimSpace(fmt.Sprintf(field, sample)), got)
+		}
+	})
 }

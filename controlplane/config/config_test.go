@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -39,5 +40,51 @@ func TestLoad(t *testing.T) {
 		if _, err := Load(write(tc.data)); err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "controlplane.yaml") {
 			t.Errorf("%s: err = %v, want one naming the file and containing %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// fill sets every pointer and slice reachable in v (a struct) to a new,
+// non-empty value.
+func fill(v reflect.Value) {
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch f.Kind() {
+		case reflect.Pointer:
+			f.Set(reflect.New(f.Type().Elem()))
+		case reflect.Slice:
+			f.Set(reflect.MakeSlice(f.Type(), 1, 1))
+		case reflect.Struct:
+			fill(f)
+		}
+	}
+}
+
+// shared returns the path of a pointer or slice a and b share.
+func shared(a, b reflect.Value, path string) string {
+	for i := range a.NumField() {
+		name := path + a.Type().Field(i).Name
+		fa, fb := a.Field(i), b.Field(i)
+		switch fa.Kind() {
+		case reflect.Pointer, reflect.Slice:
+			if fa.Pointer() == fb.Pointer() {
+				return name
+			}
+		case reflect.Struct:
+			if s := shared(fa, fb, name+"."); s != "" {
+				return s
+			}
+		}
+	}
+	return ""
+}
+
+// TestDeepCopyObject fails when a field added to the type is copied
+// shallowly.
+func TestDeepCopyObject(t *testing.T) {
+	c := &ControlPlaneConfiguration{}
+	fill(reflect.ValueOf(c).Elem())
+	cp := c.DeepCopyObject().(*ControlPlaneConfiguration)
+	if s := shared(reflect.ValueOf(c).Elem(), reflect.ValueOf(cp).Elem(), ""); s != "" {
+		t.Errorf("DeepCopyObject shares %s with the original", s)
 	}
 }

@@ -270,8 +270,10 @@ func (o *Options) Validate() error {
 	if _, err := parseCIDRs(o.ClusterCIDRs); err != nil {
 		errs = append(errs, fmt.Errorf("--cluster-cidr: %w", err))
 	}
-	if _, err := parseCIDRs(o.NodePortAddresses); err != nil {
+	if cidrs, err := parseCIDRs(o.NodePortAddresses); err != nil {
 		errs = append(errs, fmt.Errorf("--nodeport-addresses: %w", err))
+	} else if err := o.validateLoopbackNodePorts(cidrs); err != nil {
+		errs = append(errs, err)
 	}
 	switch o.DetectLocalMode {
 	case "ClusterCIDR", "NodeCIDR", "None":
@@ -329,6 +331,25 @@ func (o *Options) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateLoopbackNodePorts names the setting a loopback CIDR among the
+// NodePort addresses needs: the dataplanes would only say their own
+// settings are wrong.
+func (o *Options) validateLoopbackNodePorts(cidrs []netip.Prefix) error {
+	loopback := netip.MustParsePrefix("127.0.0.0/8")
+	for _, p := range cidrs {
+		if p.Bits() == 0 || !p.Overlaps(loopback) {
+			continue
+		}
+		switch {
+		case o.ProxyMode != "iptables":
+			return fmt.Errorf("--nodeport-addresses %s: localhost NodePorts exist in iptables mode only, as kube-proxy's", p)
+		case !o.LocalhostNodePorts:
+			return fmt.Errorf("--nodeport-addresses %s: localhost NodePorts need --iptables-localhost-nodeports (iptables.localhostNodePorts)", p)
+		}
+	}
+	return nil
 }
 
 // CachePath is where the table cache lives.
