@@ -1,14 +1,51 @@
 package scenarios
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/proxyplane/proxyplane/e2e/box"
 	"github.com/proxyplane/proxyplane/internal/failpoint"
 )
+
+// startNode2Probes starts steady probes to web from the client and from
+// node-2's pod, the paths the fault scenarios break, and waits until each
+// has dialled.
+func startNode2Probes(ctx context.Context, t *testing.T, b *box.Box, web *corev1.Service) map[string]*box.Probe {
+	t.Helper()
+	tp := b.Topology()
+	probes := map[string]*box.Probe{
+		"client":                         b.StartProbe(tp.ClientNS(), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
+		podName(podOn(b, 2)) + "@node-2": b.StartProbe(tp.PodNS(podOn(b, 2)), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
+	}
+	for _, p := range probes {
+		if err := p.WaitDials(ctx, 5); err != nil {
+			for _, p := range probes {
+				p.Stop()
+			}
+			t.Fatal(err)
+		}
+	}
+	return probes
+}
+
+// checkProbes stops probes, reports each as figure, and fails t for any
+// connection that failed during what the scenario did.
+func checkProbes(t *testing.T, probes map[string]*box.Probe, figureName, during string) {
+	t.Helper()
+	for name, p := range probes {
+		r := p.Stop()
+		figure(t, figureName, "from=%s dials=%d failed=%d over=%s", name, r.Dials, r.Failures, ms(r.Duration))
+		if r.Failures != 0 {
+			t.Errorf("probe from %s: %d of %d connections failed through %s; first: %v", name, r.Failures, r.Dials, during, r.Errors)
+		}
+	}
+}
 
 // testAgentKilledMidApply kills node-2's agent (SIGKILL, through its
 // failpoints) at each step of applying a change: after the table is
@@ -24,27 +61,13 @@ func (e *env) testAgentKilledMidApply(t *testing.T) {
 	web := webService(t, e)
 	a := b.Agents[2]
 	podNS := tp.PodNS(podOn(b, 2))
-	probes := map[string]*box.Probe{
-		"client":                         b.StartProbe(tp.ClientNS(), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
-		podName(podOn(b, 2)) + "@node-2": b.StartProbe(podNS, box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
-	}
+	probes := startNode2Probes(ctx, t, b, web)
 	defer func() {
-		for name, p := range probes {
-			r := p.Stop()
-			figure(t, "agent-kill-probe", "from=%s dials=%d failed=%d over=%s", name, r.Dials, r.Failures, ms(r.Duration))
-			if r.Failures != 0 {
-				t.Errorf("probe from %s: %d of %d connections failed through the kills; first: %v", name, r.Failures, r.Dials, r.Errors)
-			}
-		}
+		checkProbes(t, probes, "agent-kill-probe", "the kills")
 		if !a.Running() {
 			_ = a.Start()
 		}
 	}()
-	for _, p := range probes {
-		if err := p.WaitDials(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	for i, point := range []string{failpoint.AfterPersist, failpoint.AfterProgram, failpoint.BeforeAck} {
 		t.Run(point, func(t *testing.T) {
@@ -105,18 +128,9 @@ func (e *env) testControlPlaneKilledMidStream(t *testing.T) {
 	tp := b.Topology()
 	web := webService(t, e)
 	armed, other := b.ControlPlanes[0], b.ControlPlanes[1]
-	probes := map[string]*box.Probe{
-		"client":                         b.StartProbe(tp.ClientNS(), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
-		podName(podOn(b, 2)) + "@node-2": b.StartProbe(tp.PodNS(podOn(b, 2)), box.ClusterAddr(web), probeInterval, probeTimeout, probeMaxDials),
-	}
+	probes := startNode2Probes(ctx, t, b, web)
 	defer func() {
-		for name, p := range probes {
-			r := p.Stop()
-			figure(t, "cp-kill-probe", "from=%s dials=%d failed=%d over=%s", name, r.Dials, r.Failures, ms(r.Duration))
-			if r.Failures != 0 {
-				t.Errorf("probe from %s: %d of %d connections failed through the kill; first: %v", name, r.Failures, r.Dials, r.Errors)
-			}
-		}
+		checkProbes(t, probes, "cp-kill-probe", "the kill")
 		// Leave the replica as it was: running, and unarmed.
 		if armed.Running() {
 			_ = armed.Stop(ctx)
@@ -125,11 +139,6 @@ func (e *env) testControlPlaneKilledMidStream(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	for _, p := range probes {
-		if err := p.WaitDials(ctx, 5); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	if err := armed.Stop(ctx); err != nil {
 		t.Fatal(err)

@@ -347,6 +347,18 @@ func TestKernelSeamErrors(t *testing.T) {
 	}
 }
 
+// kernelWeb returns a topology with one pod serving TCP 8080, and
+// ClusterIP 10.96.0.10:80 on it.
+func kernelWeb(t *testing.T) (*nstest.Topology, *pb.Service) {
+	t.Helper()
+	tp := nstest.New(t, nstest.Options{Pods: 1})
+	tp.ServeTCP(0, 8080)
+	web := dptest.Svc("ns", "web", "10.96.0.10")
+	web.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
+	web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
+	return tp, web
+}
+
 // TestKernelDrift is issue 14 on the real kernel: after a good sync, a
 // table, a service chain, a map element or a base chain's rule is deleted
 // by hand with nft, and the next full sync (what the agent's periodic sync
@@ -356,12 +368,8 @@ func TestKernelSeamErrors(t *testing.T) {
 // elements it refills anyway), and only the next one repairs.
 func TestKernelDrift(t *testing.T) {
 	requireKernel(t)
-	tp := nstest.New(t, nstest.Options{Pods: 1})
-	tp.ServeTCP(0, 8080)
+	tp, web := kernelWeb(t)
 	node, cl := tp.NodeNS(), tp.ClientNS()
-	web := dptest.Svc("ns", "web", "10.96.0.10")
-	web.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
-	web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
 	webChain := prefixClusterPolicyChain + portNameBase("ns/web", "tcp", "")
 	webElement := []string{"{", "10.96.0.10", ".", "tcp", ".", "80", "}"}
 	nft := func(t *testing.T, args ...string) {
@@ -511,12 +519,8 @@ func TestKernelGen(t *testing.T) {
 // the next sync, full, programs it all again.
 func TestKernelCleanup(t *testing.T) {
 	requireKernel(t)
-	tp := nstest.New(t, nstest.Options{Pods: 1})
-	tp.ServeTCP(0, 8080)
+	tp, web := kernelWeb(t)
 	node, cl := tp.NodeNS(), tp.ClientNS()
-	web := dptest.Svc("ns", "web", "10.96.0.10")
-	web.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
-	web.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", dptest.PodEP(tp, 0, 8080))}
 	rec := &dptest.Recorder{}
 	d, err := New(kernelConfig(tp, dataplane.IPv4), rec.Observe)
 	if err != nil {
