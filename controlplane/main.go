@@ -41,6 +41,7 @@ func main() {
 		os.Exit(cli.Usage(fs, os.Stderr, fmt.Errorf("invalid flags:\n%w", err)))
 	}
 	log := o.Logging.Logger(os.Stderr)
+	app.SetMemoryLimit(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := app.Run(ctx, o, log); err != nil {

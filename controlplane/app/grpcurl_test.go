@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"log/slog"
@@ -25,6 +26,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/util/keyutil"
 
+	"github.com/proxyplane/proxyplane/controlplane/auth"
 	"github.com/proxyplane/proxyplane/controlplane/certs"
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
@@ -204,12 +206,16 @@ func testSecurity(t *testing.T) (sec *Security, caFile, token string) {
 		}
 	}
 
-	token = "reader-token"
+	// A reader's token for the control plane's audience, shaped like the
+	// JWT `kubectl create token --audience proxyplane` gives (only the
+	// fake API server below judges its signature).
+	enc := base64.RawURLEncoding.EncodeToString
+	token = enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(`{"aud":["`+auth.DefaultAudience+`"]}`)) + ".sig"
 	client := fake.NewClientset()
 	client.PrependReactor("create", "tokenreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		tr := a.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview).DeepCopy()
-		if tr.Spec.Token == token && len(tr.Spec.Audiences) == 0 {
-			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "alice"}}
+		if tr.Spec.Token == token && slices.Equal(tr.Spec.Audiences, []string{auth.DefaultAudience}) {
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: tr.Spec.Audiences, User: authnv1.UserInfo{Username: "alice"}}
 		}
 		return true, tr, nil
 	})

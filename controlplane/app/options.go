@@ -33,7 +33,9 @@ type Options struct {
 	Kubeconfig string
 	// GRPCAddress is where agents connect.
 	GRPCAddress string
-	// MetricsAddress serves /metrics, /healthz and /readyz.
+	// MetricsAddress serves /metrics, /healthz, /livez and /readyz: over
+	// HTTPS with /metrics authorized by the API server, except on a
+	// loopback address (secureMetrics).
 	MetricsAddress string
 	// ResyncPeriod is the informers' resync period.
 	ResyncPeriod time.Duration
@@ -67,7 +69,13 @@ type Options struct {
 	TokenAudience string
 	// AgentServiceAccount is the agents' ServiceAccount, namespace/name.
 	AgentServiceAccount string
-	// MaxAgents caps Sync streams; MaxStreams all streams and calls;
+	// AgentDaemonSet is the agents' DaemonSet, in AgentServiceAccount's
+	// namespace.
+	AgentDaemonSet string
+	// IdentityRecheckInterval bounds how long a stream goes on before its
+	// identity is checked again.
+	IdentityRecheckInterval time.Duration
+	// MaxAgents caps Sync streams; MaxStreams Sync and WatchTable streams;
 	// MaxConnections open connections.
 	MaxAgents, MaxStreams, MaxConnections int
 	// PeerRate and PeerBurst limit new connections and calls per peer
@@ -111,8 +119,14 @@ func NewOptions() *Options {
 		MaxPendingChanges: 5000,
 		// A 100k-service table is about 30 MB; beyond that, fail loudly.
 		MaxSendMessageBytes: 64 << 20,
-		// A hello lists one hash per Service held: ~40 bytes each.
-		MaxRecvMessageBytes: 16 << 20,
+		// The largest agent message is the hello, one hash per Service
+		// held: ~50 bytes each, 141 at most, so 8 MiB fits the 100k
+		// Services above (5 MB). Every other message is refused past 4 KiB
+		// (server.MaxSmallMessageBytes), but grpc-go reads up to this much
+		// of a call that nobody has authenticated yet: times
+		// limit.DefaultMaxUnverified, 128 MiB at most. A NACK's detail is
+		// bounded by the agent far below it.
+		MaxRecvMessageBytes: 8 << 20,
 		// An agent needs one Sync stream; a few more allow grpcurl and
 		// overlapping reconnects.
 		MaxStreamsPerConnection: 8,
@@ -126,6 +140,7 @@ func NewOptions() *Options {
 		Namespace:           defaultNamespace(),
 		TokenAudience:       auth.DefaultAudience,
 		AgentServiceAccount: auth.DefaultAgentServiceAccount,
+		AgentDaemonSet:      auth.DefaultAgentDaemonSet,
 		MaxAgents:           limit.DefaultMaxAgents,
 		MaxStreams:          limit.DefaultMaxStreams,
 		MaxConnections:      limit.DefaultMaxConnections,
@@ -133,6 +148,9 @@ func NewOptions() *Options {
 		PeerBurst:           limit.DefaultPeerBurst,
 		AdmissionRate:       server.DefaultAdmissionRate,
 		AdmissionBurst:      server.DefaultAdmissionBurst,
+
+		// See auth.DefaultRecheckInterval.
+		IdentityRecheckInterval: auth.DefaultRecheckInterval,
 	}
 }
 
@@ -141,7 +159,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "A ControlPlaneConfiguration file (controlplane.proxyplane.io/v1alpha1); flags given on the command line win over it.")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "Path to a kubeconfig file; empty for in-cluster configuration.")
 	fs.StringVar(&o.GRPCAddress, "grpc-address", o.GRPCAddress, "Address (host:port) on which agents connect.")
-	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address (host:port) serving /metrics, /healthz and /readyz.")
+	fs.StringVar(&o.MetricsAddress, "metrics-address", o.MetricsAddress, "Address (host:port) serving /metrics, /healthz, /livez and /readyz. HTTPS with the serving certificate, /metrics only to callers whose token the API server accepts and who may get the non-resource URL /metrics; plaintext and open on a loopback address (or with --insecure).")
 	fs.DurationVar(&o.ResyncPeriod, "resync-period", o.ResyncPeriod, "Informer resync period; 0 disables resyncs.")
 	fs.IntVar(&o.MaxPendingChanges, "max-pending-changes", o.MaxPendingChanges, "Changed Services an agent may lag behind by before it is reset with a snapshot.")
 	fs.IntVar(&o.MaxSendMessageBytes, "max-send-message-bytes", o.MaxSendMessageBytes, "Largest table response sent to an agent.")
@@ -159,12 +177,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Namespace, "namespace", o.Namespace, "Namespace of the CA Secret and the CA bundle ConfigMap proxyplane-ca (default: $POD_NAMESPACE, else the ServiceAccount's).")
 	fs.StringVar(&o.TokenAudience, "token-audience", o.TokenAudience, "Audience of the agents' projected ServiceAccount tokens.")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", o.AgentServiceAccount, "The agents' ServiceAccount (namespace/name): only its tokens may Sync.")
+	fs.StringVar(&o.AgentDaemonSet, "agent-daemonset", o.AgentDaemonSet, "The agents' DaemonSet, in --agent-service-account's namespace: an agent token must be bound to a Pod it controls, on the node the agent asks for.")
+	fs.DurationVar(&o.IdentityRecheckInterval, "identity-recheck-interval", o.IdentityRecheckInterval, "Re-check each stream's token and rights this often (and at the token's expiry, and when an agent's Pod changes), ending streams whose identity no longer holds.")
 	fs.Float64Var(&o.AdmissionRate, "admission-rate", o.AdmissionRate, "Sync streams per second that start being served; more wait their turn (a reconnect storm is spread out, not refused).")
 	fs.IntVar(&o.AdmissionBurst, "admission-burst", o.AdmissionBurst, "Sync streams that may start at once.")
 	fs.IntVar(&o.MaxAgents, "max-agents", o.MaxAgents, "Sync streams (agents) served at once; more are refused with ResourceExhausted.")
-	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "Streams and calls of every service served at once.")
+	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "Sync and WatchTable streams served at once; health, reflection and unary calls have a small budget of their own.")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Connections open at once; more are closed as they are accepted.")
-	fs.Float64Var(&o.PeerRate, "peer-rate", o.PeerRate, "New connections and calls per second allowed from one peer address after --peer-burst; 0 for no limit.")
+	fs.Float64Var(&o.PeerRate, "peer-rate", o.PeerRate, "New connections and calls per second allowed from one address after --peer-burst (an IPv6 /64 gets 64 times both); 0 for no limit.")
 	fs.IntVar(&o.PeerBurst, "peer-burst", o.PeerBurst, "New connections and calls one peer address may open at once.")
 }
 
@@ -221,6 +241,7 @@ func (o *Options) applyFile(c *config.ControlPlaneConfiguration) {
 		{&o.KeepaliveTimeout, c.KeepaliveTimeout},
 		{&o.WriteTimeout, c.WriteTimeout},
 		{&o.AckTimeout, c.AckTimeout},
+		{&o.IdentityRecheckInterval, c.IdentityRecheckInterval},
 	} {
 		if d.from != nil {
 			*d.to = d.from.Duration
@@ -259,6 +280,7 @@ func (o *Options) applyFile(c *config.ControlPlaneConfiguration) {
 	set(&o.Namespace, c.Namespace)
 	set(&o.TokenAudience, c.TokenAudience)
 	set(&o.AgentServiceAccount, c.AgentServiceAccount)
+	set(&o.AgentDaemonSet, c.AgentDaemonSet)
 	set(&o.PeerRate, c.PeerRate)
 	set(&o.AdmissionRate, c.AdmissionRate)
 }
@@ -340,6 +362,12 @@ func (o *Options) validateSecurity() []error {
 	}
 	if _, err := auth.ParseServiceAccount(o.AgentServiceAccount); err != nil {
 		errs = append(errs, fmt.Errorf("--agent-service-account: %w", err))
+	}
+	if e := validation.IsDNS1123Subdomain(o.AgentDaemonSet); len(e) > 0 {
+		errs = append(errs, fmt.Errorf("--agent-daemonset %q: %s", o.AgentDaemonSet, e[0]))
+	}
+	if o.IdentityRecheckInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--identity-recheck-interval must be positive, got %s", o.IdentityRecheckInterval))
 	}
 	if o.MaxAgents < 1 || o.MaxConnections < 1 {
 		errs = append(errs, errors.New("--max-agents and --max-connections must be at least 1"))

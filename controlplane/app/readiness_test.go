@@ -80,6 +80,14 @@ func TestReadyzAndHealthz(t *testing.T) {
 	if err := notSynced.Check(time.Now()); err == nil {
 		t.Error("ready before the informers synced")
 	}
+	podsNotListed := Readiness{Synced: closed(), Certified: closed(), AgentPods: make(chan struct{})}
+	if err := podsNotListed.Check(time.Now()); err == nil {
+		t.Error("ready before the agent Pods were listed")
+	}
+	podsListed := Readiness{Synced: closed(), Certified: closed(), AgentPods: closed()}
+	if err := podsListed.Check(time.Now()); err != nil {
+		t.Errorf("not ready with the agent Pods listed: %v", err)
+	}
 }
 
 // TestHealthServiceFollowsReadiness checks that the gRPC health service,

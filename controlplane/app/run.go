@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -22,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/proxyplane/proxyplane/controlplane/certs"
 	"github.com/proxyplane/proxyplane/controlplane/metrics"
 	"github.com/proxyplane/proxyplane/controlplane/server"
 	"github.com/proxyplane/proxyplane/controlplane/table"
@@ -59,6 +59,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// The Service the serving certificate names: its ready endpoints are
+	// the replicas' addresses, which every table carries to the agents.
+	watcher.SetControlPlaneService(o.Namespace, certs.ServiceName)
 
 	rcfg := rest.CopyConfig(cfg)
 	rcfg.QPS, rcfg.Burst = reviewQPS, reviewBurst
@@ -76,7 +79,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	metrics.Register(reg)
 
 	// Each call runs in its own stream's context, not Run's.
-	ready := Readiness{Synced: store.Ready(), Certified: sec.Ready, Watches: watcher}
+	ready := Readiness{Synced: store.Ready(), Certified: sec.Ready, CertProblem: sec.CertProblem, Watches: watcher}
+	if sec.Auth != nil {
+		ready.AgentPods = sec.Auth.Listed()
+	}
 	gs, stopStreams := NewGRPCServer(store, watcher, o, sec, ready, log.With("component", "server")) //nolint:contextcheck // see above
 	grpcLis, err := net.Listen("tcp", o.GRPCAddress)
 	if err != nil {
@@ -88,13 +94,21 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 		_ = grpcLis.Close()
 		return fmt.Errorf("listening on %s: %w", o.MetricsAddress, err)
 	}
-	hs := &http.Server{Handler: httpHandler(reg, ready, watcher), ReadHeaderTimeout: 10 * time.Second}
+	hs, metricsLis, err := metricsServer(metricsLis, o, cfg, reg, ready, watcher, sec, log.With("component", "http"))
+	if err != nil {
+		_ = grpcLis.Close()
+		return err
+	}
 	log.Info("control plane starting", "grpc", grpcLis.Addr().String(), "metrics", metricsLis.Addr().String(),
 		"tls", !o.Insecure, "namespace", o.Namespace)
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return watcher.Run(ctx) })
 	g.Go(func() error { return sec.Run(ctx) })
+	if sec.Auth != nil {
+		// The agent Pods an agent token must be bound to.
+		g.Go(func() error { return sec.Auth.Run(ctx) })
+	}
 	g.Go(func() error {
 		// No handshake can succeed before there is a certificate; agents
 		// meanwhile find the port closed and try another replica.
@@ -150,6 +164,11 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 		grpc.ChainUnaryInterceptor(metrics.GRPCServer.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(metrics.GRPCServer.StreamServerInterceptor()),
 		grpc.MaxSendMsgSize(o.MaxSendMessageBytes),
+		// grpc-go has one receive limit per server, and an agent's hello
+		// needs it; it reads that much only of a Sync stream that has
+		// authenticated, or of one of the few calls the limits admit
+		// unverified. Every message but the agents' is refused past
+		// server.MaxSmallMessageBytes before it is decoded.
 		grpc.MaxRecvMsgSize(o.MaxRecvMessageBytes),
 		grpc.MaxConcurrentStreams(o.MaxStreamsPerConnection),
 		// A token is at most 16 KiB (auth.MaxTokenBytes); grpc-go would
@@ -226,14 +245,6 @@ const (
 	maxHeaderListBytes = 64 << 10
 	handshakeTimeout   = 20 * time.Second
 )
-
-// httpHandler serves metrics, liveness and readiness (healthHandlers).
-func httpHandler(reg *prometheus.Registry, ready Readiness, watches Watches) http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	healthHandlers(mux, ready, watches)
-	return mux
-}
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
 	var cfg *rest.Config

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -26,6 +27,12 @@ type Security struct {
 	Limits *limit.Limiter
 	// Ready is closed once a serving certificate exists.
 	Ready <-chan struct{}
+	// GetCertificate returns the serving certificate; nil with
+	// --insecure. The metrics port serves it too.
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// CertProblem says why there is no serving certificate valid now
+	// (Readiness.CertProblem); nil where none is bootstrapped.
+	CertProblem func(time.Time) string
 	// run keeps a bootstrapped certificate current, if there is one.
 	run func(context.Context) error
 }
@@ -57,7 +64,9 @@ func NewSecurity(client, reviewClient kubernetes.Interface, o *Options, log *slo
 	} else {
 		b := certs.NewBootstrapper(client, certs.BootstrapConfig{Namespace: o.Namespace, ExtraSANs: o.TLSSANs}, log.With("component", "certs"))
 		getCert, sec.Ready, sec.run = b.GetCertificate, b.Ready(), b.Run
+		sec.CertProblem = b.Problem
 	}
+	sec.GetCertificate = getCert
 	sec.Creds = credentials.NewTLS(&tls.Config{
 		GetCertificate: getCert,
 		// 1.2 stays allowed for a TLS-terminating proxy an operator may
@@ -66,7 +75,10 @@ func NewSecurity(client, reviewClient kubernetes.Interface, o *Options, log *slo
 	})
 
 	var err error
-	sec.Auth, err = auth.New(reviewClient, auth.Config{Audience: o.TokenAudience, AgentServiceAccount: o.AgentServiceAccount}, log.With("component", "auth"))
+	sec.Auth, err = auth.New(reviewClient, auth.Config{
+		Audience: o.TokenAudience, AgentServiceAccount: o.AgentServiceAccount,
+		AgentDaemonSet: o.AgentDaemonSet, RecheckInterval: o.IdentityRecheckInterval,
+	}, log.With("component", "auth"))
 	if err != nil {
 		return nil, err
 	}
@@ -93,11 +105,12 @@ func (s *Security) Run(ctx context.Context) error {
 }
 
 // serverOptions are the gRPC options and the hooks that enforce s: the
-// limits first, so that a flood is throttled before it costs a review;
-// then authentication; then the agent cap, which only authenticated
-// agents reach.
+// limits' tap first, which admits a call before anything of it is read,
+// so that a flood is throttled before it costs a review or memory; then
+// authentication; then the agent cap, which only authenticated agents
+// reach.
 func (s *Security) serverOptions() ([]grpc.ServerOption, server.Options) {
-	unary := []grpc.UnaryServerInterceptor{s.Limits.UnaryInterceptor()}
+	var unary []grpc.UnaryServerInterceptor
 	stream := []grpc.StreamServerInterceptor{s.Limits.StreamInterceptor()}
 	var hooks server.Options
 	if s.Auth != nil {
@@ -106,7 +119,7 @@ func (s *Security) serverOptions() ([]grpc.ServerOption, server.Options) {
 		hooks.Authorize, hooks.AuthorizeRead = s.Auth.Authorize, s.Auth.AuthorizeRead
 	}
 	stream = append(stream, s.Limits.AgentInterceptor())
-	opts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
+	opts := []grpc.ServerOption{grpc.InTapHandle(s.Limits.Tap), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...)}
 	if s.Creds != nil {
 		opts = append(opts, grpc.Creds(s.Creds))
 	}

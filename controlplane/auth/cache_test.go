@@ -95,7 +95,7 @@ func TestTokenCache(t *testing.T) {
 			for i, s := range tc.steps {
 				clk.Step(s.advance)
 				tok := tokens[s.token]
-				_, err := a.authenticate(ctx, tok, parseClaims(tok), true)
+				_, err := a.authenticate(ctx, tok, parseClaims(tok), false)
 				if (err != nil) != s.wantErr {
 					t.Fatalf("step %d: err %v, want error %t", i, err, s.wantErr)
 				}
@@ -135,10 +135,10 @@ func TestAccessCache(t *testing.T) {
 	alice := &Identity{User: "alice", Groups: []string{"system:authenticated"}}
 	bob := &Identity{User: "bob"}
 	for range 3 {
-		if ok, err := a.mayReadAll(ctx, alice); !ok || err != nil {
+		if ok, err := a.mayReadAll(ctx, alice, false); !ok || err != nil {
 			t.Fatalf("alice: %t, %v", ok, err)
 		}
-		if ok, err := a.mayReadAll(ctx, bob); ok || err != nil {
+		if ok, err := a.mayReadAll(ctx, bob, false); ok || err != nil {
 			t.Fatalf("bob: %t, %v", ok, err)
 		}
 	}
@@ -147,7 +147,7 @@ func TestAccessCache(t *testing.T) {
 	}
 	clk.Step(DefaultNegativeTTL + time.Second)
 	f.readers["bob"] = true
-	if ok, _ := a.mayReadAll(ctx, bob); !ok {
+	if ok, _ := a.mayReadAll(ctx, bob, false); !ok {
 		t.Errorf("bob's denial outlived the negative TTL")
 	}
 	if got := f.accessReviews.Load(); got != 3 {
@@ -187,7 +187,7 @@ func TestConcurrencyBound(t *testing.T) {
 					tok = jwt([]string{DefaultAudience}, time.Time{})
 				}
 				wg.Go(func() {
-					_, err := a.authenticate(context.Background(), tok, claims{}, true)
+					_, err := a.authenticate(context.Background(), tok, claims{}, false)
 					errs <- err
 				})
 			}
@@ -220,7 +220,7 @@ func TestReviewTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = a.authenticate(context.Background(), jwt([]string{DefaultAudience}, time.Time{}), claims{}, true)
+	_, err = a.authenticate(context.Background(), jwt([]string{DefaultAudience}, time.Time{}), claims{}, false)
 	if err == nil || isRefusal(err) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("stuck review: %v, want a deadline error that is no refusal", err)
 	}

@@ -17,11 +17,24 @@ var (
 	// errDenied: a valid token whose identity may not do this (another
 	// ServiceAccount, another node, no right to list EndpointSlices).
 	errDenied = errors.New("permission denied")
+	// errTooManyFailures: the caller's address failed to authenticate too
+	// often lately; it is refused before its token costs a review.
+	errTooManyFailures = errors.New("too many failed authentications")
+)
+
+// What a caller is told when refused before it proved who it is: the
+// code, and nothing of the API server's answer or of this replica's
+// settings, which go to the log.
+var (
+	statusUnauthenticated = status.Error(codes.Unauthenticated, "unauthenticated")
+	statusUnavailable     = status.Error(codes.Unavailable, "could not check credentials; retry later")
+	statusTooManyFailures = status.Error(codes.ResourceExhausted, "too many failed authentications from this address; retry later")
 )
 
 // toStatus maps an error to the gRPC status the caller sees. Errors that
 // are neither sentinel are the API server's or our own (a failed or
 // timed-out review): Unavailable, so agents retry with their backoff.
+// Only PermissionDenied, which an authenticated caller gets, says why.
 func toStatus(err error) error {
 	switch {
 	case err == nil:
@@ -29,16 +42,18 @@ func toStatus(err error) error {
 	case status.Code(err) != codes.Unknown:
 		return err
 	case errors.Is(err, errUnauthenticated):
-		return status.Error(codes.Unauthenticated, err.Error())
+		return statusUnauthenticated
+	case errors.Is(err, errTooManyFailures):
+		return statusTooManyFailures
 	case errors.Is(err, errDenied):
 		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	}
-	return status.Error(codes.Unavailable, err.Error())
+	return statusUnavailable
 }
 
 // isRefusal tells a refused token or identity from a failure to check it.
 func isRefusal(err error) bool {
-	return errors.Is(err, errUnauthenticated) || errors.Is(err, errDenied)
+	return errors.Is(err, errUnauthenticated) || errors.Is(err, errDenied) || errors.Is(err, errTooManyFailures)
 }

@@ -15,11 +15,14 @@ import (
 
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
+	"k8s.io/utils/ptr"
 )
 
 const (
@@ -46,7 +49,9 @@ func jwt(aud []string, exp time.Time) string {
 type tokenInfo struct {
 	user      string
 	audiences []string
-	node      string
+	// node, pod and podUID are what the token is bound to: a Pod (all
+	// three), a Node (node only) or nothing.
+	node, pod, podUID string
 }
 
 // fakeAPI is an API server answering TokenReviews and
@@ -89,8 +94,16 @@ func newFakeAPI() *fakeAPI {
 		tr.Status = authnv1.TokenReviewStatus{Authenticated: true, Audiences: got, User: authnv1.UserInfo{
 			Username: info.user, UID: "uid-" + info.user, Groups: []string{"system:authenticated"},
 		}}
+		extra := map[string]authnv1.ExtraValue{}
 		if info.node != "" {
-			tr.Status.User.Extra = map[string]authnv1.ExtraValue{NodeNameExtra: {info.node}}
+			extra[NodeNameExtra] = authnv1.ExtraValue{info.node}
+		}
+		if info.pod != "" {
+			extra[PodNameExtra] = authnv1.ExtraValue{info.pod}
+			extra[PodUIDExtra] = authnv1.ExtraValue{info.podUID}
+		}
+		if len(extra) > 0 {
+			tr.Status.User.Extra = extra
 		}
 		return true, tr, nil
 	})
@@ -110,13 +123,83 @@ func newFakeAPI() *fakeAPI {
 	return f
 }
 
-// token registers a new token of user, valid for audiences, bound to node.
+// token registers a new token of user, valid for audiences, bound to
+// node (a Node-bound token) or to nothing.
 func (f *fakeAPI) token(user string, audiences []string, node string, exp time.Time) string {
-	t := jwt(audiences, exp)
+	return f.register(tokenInfo{user: user, audiences: audiences, node: node}, exp)
+}
+
+// podToken registers a new token of the agents' ServiceAccount for
+// audiences, bound to pod, as the kubelet projects it.
+func (f *fakeAPI) podToken(pod *corev1.Pod, audiences []string, exp time.Time) string {
+	return f.register(tokenInfo{user: agentUser, audiences: audiences, node: pod.Spec.NodeName, pod: pod.Name, podUID: string(pod.UID)}, exp)
+}
+
+func (f *fakeAPI) register(info tokenInfo, exp time.Time) string {
+	t := jwt(info.audiences, exp)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.tokens[t] = tokenInfo{user: user, audiences: audiences, node: node}
+	f.tokens[t] = info
 	return t
+}
+
+// forget makes the API server refuse token from now on, as it refuses a
+// token whose Pod or ServiceAccount was deleted.
+func (f *fakeAPI) forget(token string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.tokens, token)
+}
+
+func (f *fakeAPI) setReader(user string, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.readers[user] = ok
+}
+
+var podSeq atomic.Int64
+
+// agentPod returns a Pod of the agents' DaemonSet on node, as the
+// DaemonSet controller makes them.
+func agentPod(node string) *corev1.Pod {
+	n := podSeq.Add(1)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: fmt.Sprintf("proxyplane-nodeagent-%d", n), Namespace: "proxyplane-system", UID: types.UID(fmt.Sprintf("uid-%d", n)),
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "apps/v1", Kind: "DaemonSet", Name: DefaultAgentDaemonSet, UID: "ds-uid", Controller: ptr.To(true),
+			}},
+		},
+		Spec:   corev1.PodSpec{NodeName: node, ServiceAccountName: "proxyplane-nodeagent"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+}
+
+// setPod adds or replaces pod in a's view of the agent Pods, as a watch
+// event does.
+func setPod(t *testing.T, a *Authenticator, pod *corev1.Pod) {
+	t.Helper()
+	old, existed, err := a.pods.indexer.Get(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.pods.indexer.Update(pod); err != nil {
+		t.Fatal(err)
+	}
+	a.pods.notify()
+	if existed {
+		a.pods.changedPod(old)
+	}
+}
+
+// deletePod removes pod from a's view of the agent Pods, as a watch event
+// does.
+func deletePod(t *testing.T, a *Authenticator, pod *corev1.Pod) {
+	t.Helper()
+	if err := a.pods.indexer.Delete(pod); err != nil {
+		t.Fatal(err)
+	}
+	a.pods.changedPod(pod)
 }
 
 func (f *fakeAPI) setFail(err error) {
@@ -128,7 +211,7 @@ func (f *fakeAPI) setFail(err error) {
 var errAPIDown = errors.New("connection refused")
 
 // newTestAuthenticator returns an Authenticator against f on a fake
-// clock.
+// clock, its agent Pods listed (none yet: see setPod).
 func newTestAuthenticator(t *testing.T, f *fakeAPI, cfg Config) (*Authenticator, *clocktesting.FakeClock) {
 	t.Helper()
 	clk := clocktesting.NewFakeClock(time.Now())
@@ -137,6 +220,7 @@ func newTestAuthenticator(t *testing.T, f *fakeAPI, cfg Config) (*Authenticator,
 	if err != nil {
 		t.Fatal(err)
 	}
+	close(a.pods.synced)
 	return a, clk
 }
 
@@ -180,7 +264,9 @@ func (b *blockingReviews) Create(ctx context.Context, tr *authnv1.TokenReview, _
 	out := tr.DeepCopy()
 	out.Status = authnv1.TokenReviewStatus{
 		Authenticated: true, Audiences: tr.Spec.Audiences,
-		User: authnv1.UserInfo{Username: agentUser, Extra: map[string]authnv1.ExtraValue{NodeNameExtra: {"node-1"}}},
+		User: authnv1.UserInfo{Username: agentUser, Extra: map[string]authnv1.ExtraValue{
+			NodeNameExtra: {"node-1"}, PodNameExtra: {"proxyplane-nodeagent-x"}, PodUIDExtra: {"uid-x"},
+		}},
 	}
 	return out, nil
 }

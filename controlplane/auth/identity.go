@@ -9,9 +9,20 @@ import (
 	"slices"
 )
 
-// NodeNameExtra is the TokenReview user extra naming the node of the Pod
-// a ServiceAccount token is bound to (Kubernetes 1.30 and later).
-const NodeNameExtra = "authentication.kubernetes.io/node-name"
+// TokenReview user extras the API server sets for a ServiceAccount token
+// bound to an object. A token bound to a Pod carries the Pod's name and
+// uid, and (Kubernetes 1.30 and later) its node's name; a token bound to
+// a Node carries the node's name only; an unbound token none of them.
+const (
+	// NodeNameExtra names the node of the Pod, or the Node, a token is
+	// bound to.
+	NodeNameExtra = "authentication.kubernetes.io/node-name"
+	// PodNameExtra names the Pod a token is bound to.
+	PodNameExtra = "authentication.kubernetes.io/pod-name"
+	// PodUIDExtra is the uid of the Pod a token is bound to: a Pod
+	// deleted and created again under the same name is another Pod.
+	PodUIDExtra = "authentication.kubernetes.io/pod-uid"
+)
 
 // Identity is who the API server says a call's token belongs to. It is
 // immutable once built: cached identities are shared between calls.
@@ -21,12 +32,13 @@ type Identity struct {
 	UID    string
 	Groups []string
 	Extra  map[string][]string
-	// Agent says the token was reviewed for the agents' audience: it may
-	// only ever act for its node, and is never used for reader access.
+	// Agent says the token is the agents' ServiceAccount's: it may only
+	// ever act for the node of the agent Pod it is bound to, and is never
+	// used for reader access.
 	Agent bool
-	// Node is the node an agent token is bound to, from Extra; "" when it
-	// names none or several.
-	Node string
+	// Node, Pod and PodUID are the node and Pod the token is bound to,
+	// from Extra; each "" when Extra names none or several.
+	Node, Pod, PodUID string
 }
 
 type identityKey struct{}

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -24,7 +25,7 @@ func (a *Authenticator) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		if !strings.HasPrefix(info.FullMethod, tableServicePrefix) {
 			return handler(ctx, req)
 		}
-		ctx, err := a.authenticateCall(ctx, info.FullMethod)
+		ctx, _, _, err := a.authenticateCall(ctx, info.FullMethod)
 		if err != nil {
 			return nil, err
 		}
@@ -35,18 +36,25 @@ func (a *Authenticator) UnaryInterceptor() grpc.UnaryServerInterceptor {
 // StreamInterceptor authenticates the TableService's streams (Sync,
 // WatchTable) when they start, before any message is read, and puts the
 // Identity in their context. A Sync stream must carry an agent token of
-// the agents' ServiceAccount bound to a node; which node it may act for
-// is Authorize's decision, once the hello names one.
+// the agents' ServiceAccount bound to an agent Pod; which node it may act
+// for is Authorize's decision, once the hello names one. The stream is
+// then guarded (see guard): it ends, with the refusal's status, once its
+// identity no longer holds.
 func (a *Authenticator) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 		if !strings.HasPrefix(info.FullMethod, tableServicePrefix) {
 			return handler(srv, ss)
 		}
-		ctx, err := a.authenticateCall(ss.Context(), info.FullMethod)
+		ctx, cred, id, err := a.authenticateCall(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err
 		}
-		return handler(srv, &identityStream{ServerStream: ss, ctx: ctx})
+		g := a.guardStream(ctx, info.FullMethod, cred, id)
+		err = handler(srv, &identityStream{ServerStream: ss, ctx: g.ctx})
+		if revoked := g.stop(); revoked != nil {
+			return revoked
+		}
+		return err
 	}
 }
 
@@ -58,70 +66,93 @@ type identityStream struct {
 
 func (s *identityStream) Context() context.Context { return s.ctx }
 
-// authenticateCall reviews the call's token and returns ctx with its
-// Identity, or the gRPC status refusing the call.
-func (a *Authenticator) authenticateCall(ctx context.Context, method string) (context.Context, error) {
-	token, err := bearerToken(ctx)
-	if err != nil {
-		return nil, a.refuse(ctx, method, err)
-	}
-	c := parseClaims(token)
-	// Sync takes agent tokens only. Reads take either kind; the token's
-	// own (unverified) audience claim picks the one review to ask for,
-	// and the API server then verifies that audience. A token that is no
-	// JWT can only be a reader's.
-	agent := method == pb.TableService_Sync_FullMethodName || slices.Contains(c.audiences, a.cfg.Audience)
-	if agent && c.audiences == nil {
-		// Projected ServiceAccount tokens are JWTs with an audience;
-		// anything else is refused without troubling the API server.
-		return nil, a.refuse(ctx, method, fmt.Errorf("%w: not a ServiceAccount token", errUnauthenticated))
-	}
-	id, err := a.authenticate(ctx, token, c, agent)
-	if err != nil {
-		return nil, a.refuse(ctx, method, err)
-	}
-	if method == pb.TableService_Sync_FullMethodName {
-		if err := a.checkAgent(id); err != nil {
-			return nil, a.refuse(ctx, method, err)
-		}
-	}
-	return WithIdentity(ctx, id), nil
+// credential is the token a call presented, and what it claims.
+type credential struct {
+	token  string
+	claims claims
 }
 
-// checkAgent refuses an agent-audience token that is not the agents'
-// ServiceAccount's, or names no node: only a token the kubelet minted for
-// an agent Pod says which node its bearer runs on.
-func (a *Authenticator) checkAgent(id *Identity) error {
+// authenticateCall reviews the call's token and returns ctx with its
+// Identity, or the gRPC status refusing the call.
+func (a *Authenticator) authenticateCall(ctx context.Context, method string) (context.Context, credential, *Identity, error) {
+	token, err := bearerToken(ctx)
+	if err != nil {
+		return nil, credential{}, nil, a.refuse(ctx, method, err)
+	}
+	c := parseClaims(token)
+	// Every caller, agent or reader, presents a token for the control
+	// plane's own audience, and only such tokens are reviewed: a replica
+	// never sees a token it could replay against the API server. The
+	// audience claim is read unverified, only to refuse without a review
+	// what the review would refuse; the API server verifies it.
+	if !slices.Contains(c.audiences, a.cfg.Audience) {
+		return nil, credential{}, nil, a.refuse(ctx, method, fmt.Errorf(
+			"%w: the token is not for audience %s (as a reader, use `kubectl create token <serviceaccount> --audience %s`)",
+			errUnauthenticated, a.cfg.Audience, a.cfg.Audience))
+	}
+	id, err := a.authenticate(ctx, token, c, false)
+	if err != nil {
+		return nil, credential{}, nil, a.refuse(ctx, method, err)
+	}
+	if method == pb.TableService_Sync_FullMethodName {
+		if _, err := a.checkAgent(ctx, id, true); err != nil {
+			return nil, credential{}, nil, a.refuse(ctx, method, err)
+		}
+	}
+	return WithIdentity(ctx, id), credential{token: token, claims: c}, id, nil
+}
+
+// checkAgent returns the node of an agent token's Pod, or refuses a token
+// that is not the agents' ServiceAccount's or is not bound to one of its
+// agent Pods as it is now (agentPods.check). A token bound to a Node, or
+// to nothing, names no Pod: whoever may create tokens for the agents'
+// ServiceAccount can mint one naming any node, so it proves nothing about
+// where its bearer runs. wait is agentPods.check's.
+func (a *Authenticator) checkAgent(ctx context.Context, id *Identity, wait bool) (string, error) {
 	switch {
 	case !id.Agent:
-		return fmt.Errorf("%w: %s presented a token for the API server, not for audience %s", errDenied, id.User, a.cfg.Audience)
-	case id.User != a.agentUser:
-		return fmt.Errorf("%w: %s is not the agents' service account %s", errDenied, id.User, a.cfg.AgentServiceAccount)
-	case id.Node == "":
-		return fmt.Errorf("%w: the token of %s is not bound to a Pod on a node (%s)", errDenied, id.User, NodeNameExtra)
+		return "", fmt.Errorf("%w: %s is not the agents' service account %s", errDenied, id.User, a.cfg.AgentServiceAccount)
+	case id.Pod == "" || id.PodUID == "":
+		bound := "to nothing"
+		if id.Node != "" {
+			bound = fmt.Sprintf("to node %q, not to a Pod", id.Node)
+		}
+		return "", fmt.Errorf("%w: the token of %s is bound %s: only the token projected into an agent Pod of DaemonSet %s proves a node",
+			errDenied, id.User, bound, a.cfg.AgentDaemonSet)
 	}
-	return nil
+	return a.pods.check(ctx, id, wait)
 }
 
 // Authorize is server.Options.Authorize: the Sync stream's agent token
-// must be bound to nodeName. It is called after the hello and before the
-// stream replaces another for the node, so only an authenticated agent of
-// that node can replace its stream.
+// must be bound to an agent Pod on nodeName. It is called after the hello
+// and before the stream replaces another for the node, so only an
+// authenticated agent of that node can replace its stream.
 func (a *Authenticator) Authorize(ctx context.Context, nodeName string) error {
 	id, ok := FromContext(ctx)
 	if !ok {
 		return a.refuse(ctx, pb.TableService_Sync_FullMethodName, fmt.Errorf("%w: %w", errUnauthenticated, errNoIdentity))
 	}
-	if err := a.checkAgent(id); err != nil {
+	grant := func(ctx context.Context, id *Identity, how checkMode) error {
+		node, err := a.checkAgent(ctx, id, how == admitting)
+		if err != nil {
+			return err
+		}
+		if node != nodeName {
+			return fmt.Errorf("%w: the token is bound to a Pod on node %q, not %q", errDenied, node, nodeName)
+		}
+		return nil
+	}
+	if err := grant(ctx, id, admitting); err != nil {
+		if errors.Is(err, errDenied) && id.Agent && id.Pod != "" {
+			// An agent's own token used for another node is worth a
+			// line: a misconfigured agent, or a node trying to take
+			// another's table.
+			a.log.Warn("refused a Sync stream", "pod", id.Pod, "helloNode", nodeName, "peer", peerAddr(ctx), "err", err)
+			return toStatus(err)
+		}
 		return a.refuse(ctx, pb.TableService_Sync_FullMethodName, err)
 	}
-	if id.Node != nodeName {
-		err := fmt.Errorf("%w: the token is bound to node %q, not %q", errDenied, id.Node, nodeName)
-		// An agent's own token used for another node is worth a line:
-		// a misconfigured agent, or a node trying to read another's table.
-		a.log.Warn("refused a Sync stream for another node", "tokenNode", id.Node, "helloNode", nodeName, "peer", peerAddr(ctx))
-		return toStatus(err)
-	}
+	grantStream(ctx, grant)
 	return nil
 }
 
@@ -134,22 +165,35 @@ func (a *Authenticator) AuthorizeRead(ctx context.Context, nodeName string) erro
 	if !ok {
 		return a.refuse(ctx, "read", fmt.Errorf("%w: %w", errUnauthenticated, errNoIdentity))
 	}
+	grant := func(ctx context.Context, id *Identity, how checkMode) error {
+		return a.authorizeRead(ctx, id, nodeName, how)
+	}
+	if err := grant(ctx, id, admitting); err != nil {
+		return a.refuse(ctx, "read", err)
+	}
+	grantStream(ctx, grant)
+	return nil
+}
+
+// authorizeRead decides AuthorizeRead.
+func (a *Authenticator) authorizeRead(ctx context.Context, id *Identity, nodeName string, how checkMode) error {
 	if id.Agent {
-		if err := a.checkAgent(id); err != nil {
-			return a.refuse(ctx, "read", err)
+		node, err := a.checkAgent(ctx, id, how == admitting)
+		if err != nil {
+			return err
 		}
-		if nodeName == "" || nodeName != id.Node {
-			return a.refuse(ctx, "read", fmt.Errorf("%w: an agent token reads its own node's table (%q) only", errDenied, id.Node))
+		if nodeName == "" || nodeName != node {
+			return fmt.Errorf("%w: an agent token reads its own node's table (%q) only", errDenied, node)
 		}
 		return nil
 	}
-	ok, err := a.mayReadAll(ctx, id)
+	ok, err := a.mayReadAll(ctx, id, how == rechecking)
 	if err != nil {
-		return a.refuse(ctx, "read", err)
+		return err
 	}
 	if !ok {
-		return a.refuse(ctx, "read", fmt.Errorf("%w: %s may not list %s.%s in all namespaces, which reading tables requires",
-			errDenied, id.User, readAttributes.Resource, readAttributes.Group))
+		return fmt.Errorf("%w: %s may not list %s.%s in all namespaces, which reading tables requires",
+			errDenied, id.User, readAttributes.Resource, readAttributes.Group)
 	}
 	return nil
 }

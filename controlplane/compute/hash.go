@@ -1,26 +1,19 @@
 package compute
 
 import (
-	"encoding/binary"
 	"fmt"
 	"strconv"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
-// Hashes must be equal on every replica and across restarts, so they use a
-// fixed, unseeded function (xxHash64) over deterministic encodings. They
-// detect change; they are not a security boundary.
+// Hashes must be equal on every replica and across restarts, and agents
+// recompute them from what they receive: their definition lives in
+// package tablehash, shared with the node agent.
 
 // entryHash derives a ServiceEntry's hash from its key and its parts.
 func entryHash(key string, shared, local uint64) uint64 {
-	d := xxhash.New()
-	_, _ = d.WriteString(key)
-	var b [17]byte // a zero byte keeps the key from running into the hashes
-	binary.LittleEndian.PutUint64(b[1:], shared)
-	binary.LittleEndian.PutUint64(b[9:], local)
-	_, _ = d.Write(b[:])
-	return d.Sum64()
+	return tablehash.Combine(key, shared, local)
 }
 
 // FormatVersion renders a table version: the sum, modulo 2^64, of the

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -214,15 +215,18 @@ func TestEndpointProtoSources(t *testing.T) {
 	}
 }
 
-// nodeInput is what a Node is built from: BuildNode's arguments and the
-// cluster's service CIDRs.
+// nodeInput is what a Node is built from: BuildNode's arguments, the
+// cluster's service CIDRs and the control plane's addresses.
 type nodeInput struct {
 	name  string
 	obj   *corev1.Node
 	cidrs *ServiceCIDRs
+	cp    *ControlPlaneAddresses
 }
 
-func (in *nodeInput) build() *Node { return BuildNode(in.name, in.obj).WithServiceCIDRs(in.cidrs) }
+func (in *nodeInput) build() *Node {
+	return BuildNode(in.name, in.obj).WithServiceCIDRs(in.cidrs).WithControlPlaneAddresses(in.cp)
+}
 
 // nodeInfoSources changes, for each NodeInfo field but the hash, the input
 // it is built from. A field added to NodeInfo and not listed fails
@@ -233,8 +237,17 @@ var nodeInfoSources = map[protoreflect.Name]func(*nodeInput){
 	"zone":          func(in *nodeInput) { in.obj.Labels[corev1.LabelTopologyZone] += "x" },
 	"pod_cidrs":     func(in *nodeInput) { in.obj.Spec.PodCIDRs = []string{"10.244.9.0/24"} },
 	"to_be_deleted": func(in *nodeInput) { in.obj.DeletionTimestamp = &metav1.Time{} },
+	"unregistered":  func(in *nodeInput) { in.obj = nil },
+	"node_ips": func(in *nodeInput) {
+		in.obj.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.168.0.2"}}
+	},
 	"service_cidrs": func(in *nodeInput) {
 		in.cidrs = BuildServiceCIDRs([]*networkingv1.ServiceCIDR{{Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.97.0.0/16"}}}})
+	},
+	"control_plane_addresses": func(in *nodeInput) {
+		in.cp = BuildControlPlaneAddresses(controlPlaneService(), []*discoveryv1.EndpointSlice{
+			controlPlaneSlice(discoveryv1.AddressTypeIPv4, 9640, readyEndpoint("192.168.0.10", true)),
+		}, ControlPlanePortName)
 	},
 }
 

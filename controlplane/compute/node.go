@@ -9,6 +9,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
+	netutils "k8s.io/utils/net"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
@@ -24,11 +25,14 @@ type Node struct {
 	// Bytes is the encoded NodeInfo, hash included.
 	Bytes []byte
 
-	// info is the NodeInfo without its hash and service CIDRs, from which
-	// WithServiceCIDRs builds the node again.
+	// info is the NodeInfo without its hash, service CIDRs and control
+	// plane addresses, from which WithServiceCIDRs and
+	// WithControlPlaneAddresses build the node again.
 	info *pb.NodeInfo
 	// cidrs are the service CIDRs in Bytes.
 	cidrs *ServiceCIDRs
+	// cp are the control plane addresses in Bytes.
+	cp *ControlPlaneAddresses
 }
 
 // TaintToBeDeleted is the taint the cluster autoscaler puts on a node it
@@ -43,7 +47,7 @@ func BuildNode(name string, obj *corev1.Node) *Node {
 	// which are valid UTF-8; a name that is not would make the NodeInfo
 	// unencodable, so it is made valid rather than trusted.
 	name = strings.ToValidUTF8(name, "\uFFFD")
-	info := &pb.NodeInfo{Name: name}
+	info := &pb.NodeInfo{Name: name, Unregistered: obj == nil}
 	if obj != nil {
 		if zone := obj.Labels[corev1.LabelTopologyZone]; utf8.ValidString(zone) {
 			info.Zone = zone
@@ -59,13 +63,46 @@ func BuildNode(name string, obj *corev1.Node) *Node {
 				info.PodCidrs = append(info.PodCidrs, p.String())
 			}
 		}
+		info.NodeIps = primaryNodeIPs(obj.Status.Addresses)
 		// As kube-proxy's nodeEligible: a deletion under way or the
 		// autoscaler's taint.
 		info.ToBeDeleted = obj.DeletionTimestamp != nil || slices.ContainsFunc(obj.Spec.Taints, func(t corev1.Taint) bool {
 			return t.Key == TaintToBeDeleted
 		})
 	}
-	return encodeNode(info, nil)
+	return encodeNode(info, nil, nil)
+}
+
+// primaryNodeIPs picks the node's primary IPs from its addresses as
+// upstream's GetNodeHostIPs (pkg/util/node) does: InternalIPs, then
+// ExternalIPs, each parsed sloppily (leading zeros are decimal); the first
+// of them, then the first of the other family. kube-proxy takes them as
+// its node IPs (for nodePortAddresses "primary" and for the node's own
+// traffic past source ranges) unless --bind-address overrides one.
+func primaryNodeIPs(addrs []corev1.NodeAddress) []string {
+	var first netip.Addr
+	for _, typ := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP} {
+		for _, a := range addrs {
+			if a.Type != typ {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(netutils.ParseIPSloppy(a.Address))
+			if !ok {
+				continue
+			}
+			ip = ip.Unmap()
+			switch {
+			case !first.IsValid():
+				first = ip
+			case ip.Is4() != first.Is4():
+				return []string{first.String(), ip.String()}
+			}
+		}
+	}
+	if !first.IsValid() {
+		return nil
+	}
+	return []string{first.String()}
 }
 
 // WithServiceCIDRs returns the node carrying the cluster's service CIDRs
@@ -76,20 +113,36 @@ func (n *Node) WithServiceCIDRs(c *ServiceCIDRs) *Node {
 	if n.cidrs.Equal(c) {
 		return n
 	}
-	return encodeNode(n.info, c)
+	return encodeNode(n.info, c, n.cp)
 }
 
 // ServiceCIDRs returns the service CIDRs the node carries.
 func (n *Node) ServiceCIDRs() *ServiceCIDRs { return n.cidrs }
 
-// encodeNode encodes info, without hash or service CIDRs, with c; the
-// hash covers every other field, so a field added to NodeInfo is hashed
-// as soon as it is set (TestNodeHashCoversNodeInfo).
-func encodeNode(info *pb.NodeInfo, c *ServiceCIDRs) *Node {
+// WithControlPlaneAddresses returns the node carrying the control plane
+// addresses a instead of its own. Like the service CIDRs they are
+// cluster-wide and travel in NodeInfo, so a change reaches every agent.
+func (n *Node) WithControlPlaneAddresses(a *ControlPlaneAddresses) *Node {
+	if n.cp.Equal(a) {
+		return n
+	}
+	return encodeNode(n.info, n.cidrs, a)
+}
+
+// ControlPlaneAddresses returns the control plane addresses the node
+// carries.
+func (n *Node) ControlPlaneAddresses() *ControlPlaneAddresses { return n.cp }
+
+// encodeNode encodes info, without hash, service CIDRs or control plane
+// addresses, with c and a; the hash covers every other field, so a field
+// added to NodeInfo is hashed as soon as it is set
+// (TestNodeHashCoversNodeInfo).
+func encodeNode(info *pb.NodeInfo, c *ServiceCIDRs, a *ControlPlaneAddresses) *Node {
 	full := proto.CloneOf(info)
 	full.ServiceCidrs = c.List()
+	full.ControlPlaneAddresses = a.List()
 	full.Hash = xxhash.Sum64(mustMarshal(full))
-	return &Node{Name: info.Name, Zone: info.Zone, Hash: full.Hash, Bytes: mustMarshal(full), info: info, cidrs: c}
+	return &Node{Name: info.Name, Zone: info.Zone, Hash: full.Hash, Bytes: mustMarshal(full), info: info, cidrs: c, cp: a}
 }
 
 // Equal reports whether two nodes carry the same information.

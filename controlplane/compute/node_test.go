@@ -38,7 +38,7 @@ func TestBuildNode(t *testing.T) {
 	}{
 		{
 			name: "nil node",
-			want: &pb.NodeInfo{Name: "node-a"},
+			want: &pb.NodeInfo{Name: "node-a", Unregistered: true},
 		},
 		{
 			name: "no labels, no CIDRs",
@@ -123,6 +123,36 @@ func TestBuildNode(t *testing.T) {
 			want: &pb.NodeInfo{Name: "node-a"},
 		},
 		{
+			name: "node IPs: InternalIP first, then the other family's first",
+			obj: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeHostName, Address: "node-a"},
+				{Type: corev1.NodeExternalIP, Address: "2001:db8::9"},
+				{Type: corev1.NodeExternalIP, Address: "203.0.113.9"},
+				{Type: corev1.NodeInternalIP, Address: "192.168.0.2"},
+				{Type: corev1.NodeInternalIP, Address: "192.168.0.3"},
+				{Type: corev1.NodeInternalIP, Address: "fd00::2"},
+				{Type: corev1.NodeInternalIP, Address: "fd00::3"},
+			}}},
+			want: &pb.NodeInfo{Name: "node-a", NodeIps: []string{"192.168.0.2", "fd00::2"}},
+		},
+		{
+			name: "node IPs: an ExternalIP stands in for the missing family",
+			obj: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeExternalIP, Address: "2001:DB8::9"},
+				{Type: corev1.NodeInternalIP, Address: "not-an-ip"},
+				{Type: corev1.NodeInternalIP, Address: "192.168.000.002"},
+			}}},
+			want: &pb.NodeInfo{Name: "node-a", NodeIps: []string{"192.168.0.2", "2001:db8::9"}},
+		},
+		{
+			name: "node IPs: ExternalIP alone, hostnames and DNS names ignored",
+			obj: &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalDNS, Address: "10.0.0.1"},
+				{Type: corev1.NodeExternalIP, Address: "::ffff:203.0.113.9"},
+			}}},
+			want: &pb.NodeInfo{Name: "node-a", NodeIps: []string{"203.0.113.9"}},
+		},
+		{
 			name: "IPv6 CIDR canonicalised",
 			obj:  k8sNode("node-a", "", "FD00:0:0::/64"),
 			want: &pb.NodeInfo{Name: "node-a", PodCidrs: []string{"fd00::/64"}},
@@ -169,10 +199,10 @@ func TestNodeHash(t *testing.T) {
 			wantSame: true,
 		},
 		{
-			name:     "nil and unlabelled Node",
-			a:        BuildNode("node-a", nil),
-			b:        BuildNode("node-a", k8sNode("node-a", "")),
-			wantSame: true,
+			// The agent's /healthz tells them apart (nodeEligible).
+			name: "nil and unlabelled Node",
+			a:    BuildNode("node-a", nil),
+			b:    BuildNode("node-a", k8sNode("node-a", "")),
 		},
 		{
 			name:     "unrelated label changed",

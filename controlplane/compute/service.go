@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	netutils "k8s.io/utils/net"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
@@ -39,6 +40,11 @@ const (
 	// ReasonInvalidService: a field of the Service cannot be used, so the
 	// whole Service is left out of every table.
 	ReasonInvalidService = "InvalidService"
+	// ReasonInvalidValue: one value of a list of the Service (an external
+	// IP, a load balancer ingress IP, a source range) cannot be used; that
+	// value is left out and the rest of the Service is proxied, as
+	// upstream kube-proxy does.
+	ReasonInvalidValue = "InvalidValue"
 	// ReasonInvalidEndpoint: an endpoint or a port of an EndpointSlice
 	// cannot be used; that element is left out and the rest of the slice
 	// still counts.
@@ -53,7 +59,8 @@ type Problem struct {
 	Kind string
 	// Namespace and Name name the object at fault.
 	Namespace, Name string
-	// Reason is ReasonInvalidService or ReasonInvalidEndpoint.
+	// Reason is ReasonInvalidService, ReasonInvalidValue or
+	// ReasonInvalidEndpoint.
 	Reason string
 	// Message says what is wrong, naming the field.
 	Message string
@@ -135,13 +142,17 @@ func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, 
 // BuildReport is Build that also says what it left out; Build stays for
 // callers that only need the Service. When a field of svc is invalid it
 // returns a nil Service and one ReasonInvalidService Problem, and the
-// caller leaves the Service out of every table. Upstream drops some bad
-// values (an external IP, a source range) and proxies the rest; leaving the
-// whole Service out never lets it reach more clients than intended (see
-// docs/protocol.md). Otherwise it returns the Service and a
-// ReasonInvalidEndpoint Problem for each endpoint or slice port it skipped,
-// as upstream's EndpointSliceCache skips elements, not whole slices.
-// Problems come in a deterministic order: by slice name, then field.
+// caller leaves the Service out of every table. An invalid value in a list
+// that upstream filters value by value (an external IP, a load balancer
+// ingress IP, a source range) is left out alone, as upstream's
+// MapIPsByIPFamily and MapCIDRsByIPFamily leave it out, with a
+// ReasonInvalidValue Problem; the rest of the Service is proxied. Upstream
+// opens a load balancer to everyone when every source range is dropped;
+// here it then admits no one (see ClosedSourceRange). It also returns a
+// ReasonInvalidEndpoint Problem for each endpoint or slice port it
+// skipped, as upstream's EndpointSliceCache skips elements, not whole
+// slices. Problems come in a deterministic order: the Service's, by
+// field, then the slices', by slice name, then field.
 func BuildReport(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, []Problem) {
 	s, problems, err := build(svc, slices)
 	if err != nil {
@@ -156,16 +167,24 @@ func BuildReport(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Ser
 // build is Build and BuildReport; its error is frontend's, unwrapped, so
 // that each caller words it for its audience.
 func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, []Problem, error) {
-	base, err := frontend(svc)
+	base, dropped, err := frontend(svc)
 	if err != nil {
 		return nil, nil, err
+	}
+	problems := make([]Problem, 0, len(dropped))
+	for _, d := range dropped {
+		problems = append(problems, Problem{
+			Kind: KindService, Namespace: svc.Namespace, Name: svc.Name,
+			Reason: ReasonInvalidValue, Message: d,
+		})
 	}
 	externallyAccessible := len(base.ExternalIps) > 0 || len(base.LoadBalancerIps) > 0
 	externalLocal := base.ExternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	internalLocal := base.InternalTrafficPolicy == pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 
 	sorted := sortedSlices(slices, base.ClusterIps)
-	usable, problems := usableSlices(sorted)
+	usable, sliceProblems := usableSlices(sorted)
+	problems = append(problems, sliceProblems...)
 	ports := make([]servicePort, len(base.Ports))
 	for i, p := range base.Ports {
 		portExternal := externallyAccessible || p.NodePort != 0
@@ -187,15 +206,30 @@ func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, 
 		ports:       ports,
 	}
 	s.index()
+	if len(problems) == 0 {
+		problems = nil
+	}
 	return s, problems, nil
 }
 
-// frontend validates svc and renders everything but its endpoints.
-func frontend(svc *corev1.Service) (*pb.Service, error) {
+// ClosedSourceRange is the one source range a Service carries when it
+// lists loadBalancerSourceRanges but none of them can be used. Upstream
+// drops invalid ranges and, left with none, opens the load balancer to
+// everyone; a typo must not do that. No packet can come from 0.0.0.0 (the
+// kernel drops it as a martian source), and every agent version treats a
+// family without ranges of its own as closed when the Service has ranges
+// at all, so the load balancer admits no one in either family without the
+// agent knowing anything about it.
+const ClosedSourceRange = "0.0.0.0/32"
+
+// frontend validates svc and renders everything but its endpoints. An
+// invalid field is an error; an invalid value that upstream drops alone is
+// left out and described in dropped, in field order.
+func frontend(svc *corev1.Service) (out *pb.Service, dropped []string, err error) {
 	if !utf8.ValidString(svc.Namespace) || !utf8.ValidString(svc.Name) || svc.Namespace == "" || svc.Name == "" {
-		return nil, errors.New("bad namespace or name")
+		return nil, nil, errors.New("bad namespace or name")
 	}
-	out := &pb.Service{
+	out = &pb.Service{
 		Namespace:             svc.Namespace,
 		Name:                  svc.Name,
 		ExternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
@@ -209,38 +243,60 @@ func frontend(svc *corev1.Service) (*pb.Service, error) {
 	case corev1.ServiceTypeLoadBalancer:
 		out.Type = pb.ServiceType_SERVICE_TYPE_LOAD_BALANCER
 	default:
-		return nil, fmt.Errorf("unknown type %q", svc.Spec.Type)
+		return nil, nil, fmt.Errorf("unknown type %q", svc.Spec.Type)
 	}
 
+	// Without a cluster IP nothing can be programmed (upstream's proxier
+	// skips a Service with none of its family), so a bad one is fatal.
 	clusterIPs := svc.Spec.ClusterIPs
 	if len(clusterIPs) == 0 {
 		clusterIPs = []string{svc.Spec.ClusterIP}
 	}
-	var err error
-	if out.ClusterIps, err = parseIPs("clusterIPs", clusterIPs); err != nil {
-		return nil, err
+	out.ClusterIps = make([]string, 0, len(clusterIPs))
+	for _, s := range clusterIPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("clusterIPs: %w", err)
+		}
+		out.ClusterIps = append(out.ClusterIps, ip.Unmap().String())
 	}
-	if out.ExternalIps, err = parseIPs("externalIPs", svc.Spec.ExternalIPs); err != nil {
-		return nil, err
+	// External IPs, ingress IPs and source ranges are filtered value by
+	// value, as upstream's newBaseServiceInfo filters them.
+	drop := func(format string, args ...any) { dropped = append(dropped, fmt.Sprintf(format, args...)) }
+	for i, s := range svc.Spec.ExternalIPs {
+		ip, ok := parseAddrSloppy(s)
+		if !ok {
+			drop("externalIPs[%d] %q is not an IP address: left out", i, s)
+			continue
+		}
+		out.ExternalIps = append(out.ExternalIps, ip.String())
 	}
-	for _, ing := range svc.Status.LoadBalancer.Ingress {
+	for i, ing := range svc.Status.LoadBalancer.Ingress {
 		// Upstream ignores hostname-only entries and those with ipMode
 		// Proxy: that load balancer sends traffic to the node itself.
 		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode != corev1.LoadBalancerIPModeVIP) {
 			continue
 		}
-		ip, err := parseIPs("status.loadBalancer.ingress", []string{ing.IP})
-		if err != nil {
-			return nil, err
+		ip, ok := parseAddrSloppy(ing.IP)
+		if !ok {
+			drop("status.loadBalancer.ingress[%d].ip %q is not an IP address: left out", i, ing.IP)
+			continue
 		}
-		out.LoadBalancerIps = append(out.LoadBalancerIps, ip...)
+		out.LoadBalancerIps = append(out.LoadBalancerIps, ip.String())
 	}
-	for _, r := range svc.Spec.LoadBalancerSourceRanges {
-		p, err := netip.ParsePrefix(strings.TrimSpace(r))
-		if err != nil {
-			return nil, fmt.Errorf("loadBalancerSourceRanges: %w", err)
+	for i, r := range svc.Spec.LoadBalancerSourceRanges {
+		// Validation lets whitespace around a range through; upstream
+		// trims it.
+		p, ok := parsePrefixSloppy(strings.TrimSpace(r))
+		if !ok {
+			drop("loadBalancerSourceRanges[%d] %q is not a CIDR: left out", i, r)
+			continue
 		}
-		out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.Masked().String())
+		out.LoadBalancerSourceRanges = append(out.LoadBalancerSourceRanges, p.String())
+	}
+	if len(svc.Spec.LoadBalancerSourceRanges) > 0 && len(out.LoadBalancerSourceRanges) == 0 {
+		out.LoadBalancerSourceRanges = []string{ClosedSourceRange}
+		drop("loadBalancerSourceRanges: none is valid: the load balancer admits no one (upstream would admit everyone)")
 	}
 
 	// Like apiservice.ExternalPolicyLocal: the external policy only means
@@ -256,7 +312,7 @@ func frontend(svc *corev1.Service) (*pb.Service, error) {
 		out.InternalTrafficPolicy = pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	}
 	if out.HealthCheckNodePort < 0 || out.HealthCheckNodePort > 65535 {
-		return nil, fmt.Errorf("healthCheckNodePort %d out of range", out.HealthCheckNodePort)
+		return nil, nil, fmt.Errorf("healthCheckNodePort %d out of range", out.HealthCheckNodePort)
 	}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		timeout := int32(defaultAffinityTimeout)
@@ -264,7 +320,7 @@ func frontend(svc *corev1.Service) (*pb.Service, error) {
 			timeout = *c.ClientIP.TimeoutSeconds
 		}
 		if timeout <= 0 || timeout > 86400 {
-			return nil, fmt.Errorf("session affinity timeout %d out of range", timeout)
+			return nil, nil, fmt.Errorf("session affinity timeout %d out of range", timeout)
 		}
 		out.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: timeout}
 	}
@@ -274,20 +330,20 @@ func frontend(svc *corev1.Service) (*pb.Service, error) {
 		proto, ok := protocols[p.Protocol]
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("port %q: unknown protocol %q", p.Name, p.Protocol)
+			return nil, nil, fmt.Errorf("port %q: unknown protocol %q", p.Name, p.Protocol)
 		case !utf8.ValidString(p.Name):
-			return nil, errors.New("port name is not UTF-8")
+			return nil, nil, errors.New("port name is not UTF-8")
 		case seen[p.Name]:
-			return nil, fmt.Errorf("duplicate port name %q", p.Name)
+			return nil, nil, fmt.Errorf("duplicate port name %q", p.Name)
 		case p.Port < 1 || p.Port > 65535:
-			return nil, fmt.Errorf("port %q: port %d out of range", p.Name, p.Port)
+			return nil, nil, fmt.Errorf("port %q: port %d out of range", p.Name, p.Port)
 		case p.NodePort < 0 || p.NodePort > 65535:
-			return nil, fmt.Errorf("port %q: nodePort %d out of range", p.Name, p.NodePort)
+			return nil, nil, fmt.Errorf("port %q: nodePort %d out of range", p.Name, p.NodePort)
 		}
 		seen[p.Name] = true
 		out.Ports = append(out.Ports, &pb.ServicePort{Name: p.Name, Protocol: proto, Port: p.Port, NodePort: p.NodePort})
 	}
-	return out, nil
+	return out, dropped, nil
 }
 
 var protocols = map[corev1.Protocol]pb.Protocol{
@@ -297,16 +353,35 @@ var protocols = map[corev1.Protocol]pb.Protocol{
 	corev1.ProtocolSCTP: pb.Protocol_PROTOCOL_SCTP,
 }
 
-func parseIPs(field string, in []string) ([]string, error) {
-	out := make([]string, 0, len(in))
-	for _, s := range in {
-		ip, err := netip.ParseAddr(s)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", field, err)
-		}
-		out = append(out, ip.Unmap().String())
+// parseAddrSloppy parses an address as upstream's netutils.ParseIPSloppy
+// does (leading zeros in IPv4 octets are decimal, as objects stored before
+// the API server rejected them may hold them), unmapped and without a zone.
+func parseAddrSloppy(s string) (netip.Addr, bool) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return a.Unmap(), a.Zone() == ""
 	}
-	return out, nil
+	a, ok := netip.AddrFromSlice(netutils.ParseIPSloppy(s))
+	return a.Unmap(), ok
+}
+
+// parsePrefixSloppy parses a CIDR as upstream's netutils.ParseCIDRSloppy
+// does, masked.
+func parsePrefixSloppy(s string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), true
+	}
+	// Only leading zeros get this far (netip takes everything else
+	// ParseCIDRSloppy takes), and only in IPv4 addresses.
+	_, n, err := netutils.ParseCIDRSloppy(s)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP.To4())
+	ones, bits := n.Mask.Size()
+	if !ok || bits != 32 {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(a, ones).Masked(), true
 }
 
 // sortedSlices keeps the slices of the Service's IP families (upstream runs

@@ -174,26 +174,6 @@ func TestBuildErrors(t *testing.T) {
 			wantErr: "UTF-8",
 		},
 		{
-			name:    "bad source range",
-			svc:     newService(func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/33"} }),
-			wantErr: "loadBalancerSourceRanges",
-		},
-		{
-			name:    "source range without prefix length",
-			svc:     newService(func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = []string{"10.0.0.1"} }),
-			wantErr: "loadBalancerSourceRanges",
-		},
-		{
-			name:    "bad externalIP",
-			svc:     newService(withExternalIPs("192.0.2.1", "example.com")),
-			wantErr: "externalIPs",
-		},
-		{
-			name:    "bad load balancer ingress IP",
-			svc:     newService(withType(corev1.ServiceTypeLoadBalancer), withIngress(corev1.LoadBalancerIngress{IP: "1.2.3"})),
-			wantErr: "status.loadBalancer.ingress",
-		},
-		{
 			name:    "affinity timeout 0",
 			svc:     newService(withAffinity(ptr(int32(0)))),
 			wantErr: "session affinity timeout",
@@ -273,6 +253,146 @@ func TestBuildErrors(t *testing.T) {
 			}
 			if !strings.Contains(p.Message, tt.wantErr) || strings.Contains(p.Message, ErrInvalidService.Error()) {
 				t.Errorf("BuildReport message %q: want the cause, mentioning %q, without the sentinel", p.Message, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestBuildReportDropsValues checks that an invalid external IP, load
+// balancer ingress IP or source range is left out alone and reported, as
+// upstream's newBaseServiceInfo filters them, while the rest of the
+// Service is proxied; and that a Service left with none of its source
+// ranges admits no one rather than everyone.
+func TestBuildReportDropsValues(t *testing.T) {
+	lb := func(opts ...svcOpt) *corev1.Service {
+		return newService(append([]svcOpt{
+			withType(corev1.ServiceTypeLoadBalancer),
+			withPorts(svcPort("http", corev1.ProtocolTCP, 80, 30080)),
+		}, opts...)...)
+	}
+	ranges := func(r ...string) svcOpt {
+		return func(s *corev1.Service) { s.Spec.LoadBalancerSourceRanges = r }
+	}
+	lbFrontend := func(f func(*pb.Service)) *pb.Service {
+		return wantFrontend(func(s *pb.Service) {
+			s.Type = pb.ServiceType_SERVICE_TYPE_LOAD_BALANCER
+			s.Ports[0].NodePort = 30080
+			s.Ports[0].HasEndpoints = true
+			s.ClusterEndpoints = []*pb.PortEndpoints{wantPort("http", ready("10.0.0.1", 8080))}
+			if f != nil {
+				f(s)
+			}
+		})
+	}
+	tests := []struct {
+		name      string
+		svc       *corev1.Service
+		want      *pb.Service
+		wantProbs []string // substrings of each ReasonInvalidValue message, in order
+	}{
+		{
+			name: "bad externalIP dropped, the other kept",
+			svc:  newService(withExternalIPs("192.0.2.1", "example.com", "2001:db8::1")),
+			want: wantFrontend(func(s *pb.Service) {
+				s.ExternalIps = []string{"192.0.2.1", "2001:db8::1"}
+				s.Ports[0].HasEndpoints = true
+				s.ClusterEndpoints = []*pb.PortEndpoints{wantPort("http", ready("10.0.0.1", 8080))}
+			}),
+			wantProbs: []string{`externalIPs[1] "example.com"`},
+		},
+		{
+			name: "every externalIP bad: a ClusterIP Service",
+			svc:  newService(withExternalIPs("", "192.0.2.300")),
+			want: wantFrontend(func(s *pb.Service) {
+				s.Ports[0].HasEndpoints = true
+				s.ClusterEndpoints = []*pb.PortEndpoints{wantPort("http", ready("10.0.0.1", 8080))}
+			}),
+			wantProbs: []string{`externalIPs[0] ""`, `externalIPs[1] "192.0.2.300"`},
+		},
+		{
+			name: "leading zeros read as decimal, as upstream's ParseIPSloppy",
+			svc:  newService(withExternalIPs("192.0.2.010")),
+			want: wantFrontend(func(s *pb.Service) {
+				s.ExternalIps = []string{"192.0.2.10"}
+				s.Ports[0].HasEndpoints = true
+				s.ClusterEndpoints = []*pb.PortEndpoints{wantPort("http", ready("10.0.0.1", 8080))}
+			}),
+		},
+		{
+			name: "externalIP with a zone dropped",
+			svc:  newService(withExternalIPs("fe80::1%eth0")),
+			want: wantFrontend(func(s *pb.Service) {
+				s.Ports[0].HasEndpoints = true
+				s.ClusterEndpoints = []*pb.PortEndpoints{wantPort("http", ready("10.0.0.1", 8080))}
+			}),
+			wantProbs: []string{`externalIPs[0] "fe80::1%eth0"`},
+		},
+		{
+			name: "bad ingress IP dropped, the other kept",
+			svc: lb(withIngress(
+				corev1.LoadBalancerIngress{IP: "1.2.3"},
+				corev1.LoadBalancerIngress{IP: "198.51.100.1"},
+			)),
+			want:      lbFrontend(func(s *pb.Service) { s.LoadBalancerIps = []string{"198.51.100.1"} }),
+			wantProbs: []string{`status.loadBalancer.ingress[0].ip "1.2.3"`},
+		},
+		{
+			name: "bad source range dropped, the others kept",
+			svc:  lb(withIngress(corev1.LoadBalancerIngress{IP: "198.51.100.1"}), ranges("10.0.0.0/33", " 192.168.0.0/16", "10.0.0.1", "2001:db8::/32")),
+			want: lbFrontend(func(s *pb.Service) {
+				s.LoadBalancerIps = []string{"198.51.100.1"}
+				s.LoadBalancerSourceRanges = []string{"192.168.0.0/16", "2001:db8::/32"}
+			}),
+			wantProbs: []string{`loadBalancerSourceRanges[0] "10.0.0.0/33"`, `loadBalancerSourceRanges[2] "10.0.0.1"`},
+		},
+		{
+			name: "source range with leading zeros read as decimal",
+			svc:  lb(ranges("010.001.0.0/16")),
+			want: lbFrontend(func(s *pb.Service) { s.LoadBalancerSourceRanges = []string{"10.1.0.0/16"} }),
+		},
+		{
+			// Upstream would be left with no ranges and admit everyone.
+			name: "every source range bad: the load balancer admits no one",
+			svc:  lb(withIngress(corev1.LoadBalancerIngress{IP: "198.51.100.1"}), ranges("10.0.0.0/33", "")),
+			want: lbFrontend(func(s *pb.Service) {
+				s.LoadBalancerIps = []string{"198.51.100.1"}
+				s.LoadBalancerSourceRanges = []string{ClosedSourceRange}
+			}),
+			wantProbs: []string{`loadBalancerSourceRanges[0] "10.0.0.0/33"`, `loadBalancerSourceRanges[1] ""`, "admits no one"},
+		},
+		{
+			name: "all at once",
+			svc: lb(withExternalIPs("192.0.2.1", "bad"), withIngress(corev1.LoadBalancerIngress{IP: "bad"}),
+				ranges("bad", "10.0.0.0/8")),
+			want: lbFrontend(func(s *pb.Service) {
+				s.ExternalIps = []string{"192.0.2.1"}
+				s.LoadBalancerSourceRanges = []string{"10.0.0.0/8"}
+			}),
+			wantProbs: []string{"externalIPs[1]", "status.loadBalancer.ingress[0].ip", "loadBalancerSourceRanges[0]"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			slices := []*discoveryv1.EndpointSlice{httpSlice("web-1", ep("10.0.0.1"))}
+			s, problems := BuildReport(tt.svc, slices)
+			if s == nil {
+				t.Fatalf("BuildReport left the Service out (%+v), want it proxied without the bad values", problems)
+			}
+			checkProto(t, "view", viewFor(t, s, testNode("node-a", "zone-a")), tt.want)
+			if len(problems) != len(tt.wantProbs) {
+				t.Fatalf("problems = %+v, want %d", problems, len(tt.wantProbs))
+			}
+			for i, p := range problems {
+				if p.Kind != KindService || p.Namespace != testNamespace || p.Name != testName || p.Reason != ReasonInvalidValue {
+					t.Errorf("problem %d = %+v, want a %s on Service %s/%s", i, p, ReasonInvalidValue, testNamespace, testName)
+				}
+				if !strings.Contains(p.Message, tt.wantProbs[i]) {
+					t.Errorf("problem %d message %q does not mention %q", i, p.Message, tt.wantProbs[i])
+				}
+			}
+			// Build, for callers that only need the Service, agrees.
+			if b, err := Build(tt.svc, slices); err != nil || b == nil {
+				t.Errorf("Build = %v, %v; want the Service", b, err)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package compute
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -197,21 +198,56 @@ func (s *Service) sharedView(c class) *pb.Service {
 	out := proto.CloneOf(s.base)
 	for i := range s.ports {
 		p := &s.ports[i]
-		if !p.usesCluster {
+		var eps []*pb.Endpoint
+		if p.usesCluster {
+			for _, f := range p.families {
+				mode := f.topologyMode(c)
+				fam := f.filter(func(e *endpoint) bool { return e.ready && mode.allows(e, c) })
+				if len(fam) == 0 {
+					fam = f.filter((*endpoint).usableTerminating)
+				}
+				eps = append(eps, fam...)
+			}
+			if len(eps) > 0 {
+				out.ClusterEndpoints = append(out.ClusterEndpoints, &pb.PortEndpoints{PortName: p.name, Endpoints: eps})
+			}
+		}
+		// ports and base.Ports are parallel.
+		if s.base.GetPorts()[i].GetProtocol() == pb.Protocol_PROTOCOL_UDP {
+			if serving := p.servingBeyond(eps); serving != nil {
+				out.UdpServingEndpoints = append(out.UdpServingEndpoints, &pb.PortEndpoints{PortName: p.name, Endpoints: serving})
+			}
+		}
+	}
+	return out
+}
+
+// servingBeyond returns every serving endpoint of p (upstream's
+// IsServing: any node, any zone, terminating or not), which stale UDP
+// conntrack cleanup keeps flows to as upstream does, or nil when chosen
+// (the Cluster-policy endpoints of the view) already holds them all, as it
+// does for most Services. The Local-policy endpoints are serving ones of
+// this node, so they never need it.
+func (p *servicePort) servingBeyond(chosen []*pb.Endpoint) []*pb.Endpoint {
+	// chosen was converted from p.endpoints, so its addresses parse.
+	in := make(map[netip.AddrPort]bool, len(chosen))
+	for _, e := range chosen {
+		in[netip.AddrPortFrom(netip.MustParseAddr(e.GetIp()), uint16(e.GetPort()))] = true
+	}
+	var out []*pb.Endpoint
+	beyond := false
+	for i := range p.endpoints {
+		e := &p.endpoints[i]
+		if !e.serving {
 			continue
 		}
-		var eps []*pb.Endpoint
-		for _, f := range p.families {
-			mode := f.topologyMode(c)
-			fam := f.filter(func(e *endpoint) bool { return e.ready && mode.allows(e, c) })
-			if len(fam) == 0 {
-				fam = f.filter((*endpoint).usableTerminating)
-			}
-			eps = append(eps, fam...)
+		out = append(out, e.proto())
+		if !in[netip.AddrPortFrom(e.addr, uint16(e.port))] {
+			beyond = true
 		}
-		if len(eps) > 0 {
-			out.ClusterEndpoints = append(out.ClusterEndpoints, &pb.PortEndpoints{PortName: p.name, Endpoints: eps})
-		}
+	}
+	if !beyond {
+		return nil
 	}
 	return out
 }

@@ -40,6 +40,8 @@ type ControlPlaneConfiguration struct {
 	Namespace               *string          `json:"namespace,omitempty"`
 	TokenAudience           *string          `json:"tokenAudience,omitempty"`
 	AgentServiceAccount     *string          `json:"agentServiceAccount,omitempty"`
+	AgentDaemonSet          *string          `json:"agentDaemonset,omitempty"`
+	IdentityRecheckInterval *metav1.Duration `json:"identityRecheckInterval,omitempty"`
 	MaxAgents               *int32           `json:"maxAgents,omitempty"`
 	MaxStreams              *int32           `json:"maxStreams,omitempty"`
 	MaxConnections          *int32           `json:"maxConnections,omitempty"`
@@ -71,10 +73,14 @@ func (c *ControlPlaneConfiguration) DeepCopyObject() runtime.Object {
 	for _, p := range []**string{
 		&out.Kubeconfig, &out.GRPCAddress, &out.MetricsAddress, &out.Namespace, &out.TokenAudience,
 		&out.AgentServiceAccount, &out.Logging.Level, &out.Logging.Format, &out.TLS.CertFile, &out.TLS.PrivateKeyFile,
+		&out.AgentDaemonSet,
 	} {
 		*p = clone(*p)
 	}
-	for _, p := range []**metav1.Duration{&out.ResyncPeriod, &out.KeepaliveInterval, &out.KeepaliveTimeout, &out.WriteTimeout, &out.AckTimeout} {
+	for _, p := range []**metav1.Duration{
+		&out.ResyncPeriod, &out.KeepaliveInterval, &out.KeepaliveTimeout, &out.WriteTimeout, &out.AckTimeout,
+		&out.IdentityRecheckInterval,
+	} {
 		*p = clone(*p)
 	}
 	for _, p := range []**int32{

@@ -1,28 +1,38 @@
 // Package limit bounds what clients of the control plane's gRPC port can
-// make it hold, whoever they are: connections, streams and calls in
-// total, Sync streams, and the rate at which one peer address opens
-// connections and calls. It runs before authentication, so that a flood
-// of bad tokens is throttled before it costs a TokenReview; only the
-// Sync cap runs after it, so that only authenticated agents count
+// make it hold, whoever they are: connections, streams and calls, Sync
+// streams, and the rate at which one source (an address, and an IPv6
+// /64 as a whole) opens connections and calls.
+//
+// Admission happens in grpc-go's tap (Tap), when a call's headers arrive
+// and before a byte of its request is read: grpc-go reads and decodes a
+// unary request before any interceptor runs, so an interceptor is too
+// late to refuse one. Calls fall in two budgets there. The TableService's
+// streams (Sync, WatchTable), whose first message is read only after
+// authentication, share MaxStreams. Everything else (health checks and
+// watches, reflection, the TableService's unary calls, whose request is
+// read before anyone has proved anything) shares the small MaxUnverified,
+// of which one source may hold MaxUnverifiedPerSource, and ends after
+// IdleTimeout without a message from the client, so strangers can
+// neither fill the agents' budget nor hold much memory.
+// Only the Sync cap runs after authentication, so that only agents count
 // against it.
 package limit
 
 import (
-	"container/list"
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/netip"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
@@ -34,25 +44,50 @@ const (
 	// for growth and for reconnects overlapping the streams they replace.
 	DefaultMaxAgents = 10000
 	// DefaultMaxStreams: every agent's Sync stream, plus room for
-	// operators' WatchTable streams, reflection and health checks.
+	// operators' WatchTable streams.
 	DefaultMaxStreams = DefaultMaxAgents + 1000
 	// DefaultMaxConnections: an agent needs one connection, and so does
 	// each grpcurl; past this a connection is closed as it is accepted.
-	DefaultMaxConnections = DefaultMaxStreams
+	DefaultMaxConnections = DefaultMaxStreams + DefaultMaxUnverified
+	// DefaultMaxUnverified bounds the calls in flight whose request may
+	// be read before anything is known of the caller. Each may make
+	// grpc-go read one message of up to --max-recv-message-bytes before
+	// the server's codec refuses anything larger than a few KiB, so 16
+	// hold at most 128 MiB at the 8 MiB default. Kubelet probes go to
+	// :9641, so this serves operators' grpcurl and status commands, a few
+	// at a time.
+	DefaultMaxUnverified = 16
+	// DefaultMaxUnverifiedPerSource keeps one address (one pod) from
+	// taking the whole unverified budget: it takes four addresses to lock
+	// operators out of health checks and ListNodes, never one.
+	DefaultMaxUnverifiedPerSource = 4
+	// DefaultIdleTimeout ends an unverified call that sends nothing for
+	// this long: a health watch or a reflection stream left open, or a
+	// request sent slowly to hold memory. grpcurl sends its reflection
+	// requests back to back; a health watcher reconnects.
+	DefaultIdleTimeout = time.Minute
 	// DefaultPeerRate and DefaultPeerBurst: an agent opens a connection
 	// and a Sync stream per reconnect, with a backoff of a second or more;
-	// an operator's grpcurl a connection and a call per command, and
-	// operators behind one address (a bastion, kubectl port-forward)
-	// share a bucket. Twenty at once and two a second after that serve
-	// both, and hold a flood from one address to two TokenReviews a
+	// an operator's grpcurl a connection, a reflection stream and a call
+	// per command, and operators behind one address (a bastion, kubectl
+	// port-forward) share a bucket. Twenty at once and two a second after
+	// that serve both, and hold a flood from one source to two calls a
 	// second.
 	DefaultPeerRate  = 2.0
 	DefaultPeerBurst = 20
-	// DefaultMaxPeers bounds the per-address buckets kept: every node of
+	// DefaultMaxPeers bounds the per-source buckets kept: every node of
 	// a 5,000-node cluster with room to spare, at about 200 bytes each.
-	// Past it the least recently seen address loses its bucket, which
-	// only gives that address a fresh burst.
+	// Past it the least recently seen source loses its bucket, which
+	// only gives that source a fresh burst.
 	DefaultMaxPeers = 16384
+	// NetworkShare is how many addresses' allowance an IPv6 /64 gets in
+	// all. Whoever holds one address of a /64 usually holds all of it and
+	// could take a fresh bucket per call, so a /64 is limited as well as
+	// each address; but a /64 may also be a whole subnet of nodes (a
+	// cloud subnet holds thousands), whose agents all reconnect after a
+	// failover: 64 addresses' burst and rate let 1,700 of them back in
+	// within seconds.
+	NetworkShare = 64
 )
 
 // Config configures a Limiter. Zero fields take the defaults above,
@@ -60,15 +95,23 @@ const (
 type Config struct {
 	// MaxAgents caps the Sync streams open at once (--max-agents).
 	MaxAgents int
-	// MaxStreams caps streams and unary calls in flight, of every service.
+	// MaxStreams caps the TableService's streams open at once.
 	MaxStreams int
+	// MaxUnverified caps every other call in flight: health, reflection,
+	// the TableService's unary calls; MaxUnverifiedPerSource caps those
+	// of one source.
+	MaxUnverified, MaxUnverifiedPerSource int
+	// IdleTimeout ends those calls after this long without a message
+	// from the client.
+	IdleTimeout time.Duration
 	// MaxConnections caps open connections.
 	MaxConnections int
-	// PeerRate is how many connections and calls per second one peer
-	// address may open, after a burst of PeerBurst.
+	// PeerRate is how many connections and calls per second one address
+	// may open, after a burst of PeerBurst; an IPv6 /64 may open
+	// NetworkShare times as many.
 	PeerRate  float64
 	PeerBurst int
-	// MaxPeers bounds the peer addresses tracked.
+	// MaxPeers bounds the sources tracked.
 	MaxPeers int
 }
 
@@ -78,6 +121,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxStreams <= 0 {
 		c.MaxStreams = DefaultMaxStreams
+	}
+	if c.MaxUnverified <= 0 {
+		c.MaxUnverified = DefaultMaxUnverified
+	}
+	if c.MaxUnverifiedPerSource <= 0 {
+		c.MaxUnverifiedPerSource = DefaultMaxUnverifiedPerSource
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
 	}
 	if c.MaxConnections <= 0 {
 		c.MaxConnections = DefaultMaxConnections
@@ -99,48 +151,41 @@ type Limiter struct {
 	cfg Config
 	log *slog.Logger
 	now func() time.Time
+	// peers and nets hold the per-address and per-/64 buckets; nil when
+	// PeerRate is negative.
+	peers, nets *Buckets
 
-	agents, streams, conns atomic.Int64
+	agents, streams, unverified, conns atomic.Int64
 	// nextWarn throttles warnings about caps reached (UnixNano).
 	nextWarn atomic.Int64
 
 	mu sync.Mutex
-	// peers and lru (front: most recently seen) hold one token bucket per
-	// peer address; mu protects both.
-	peers map[netip.Addr]*list.Element
-	lru   *list.List
-}
-
-type peerBucket struct {
-	addr netip.Addr
-	lim  *rate.Limiter
+	// bySource counts the unverified calls in flight of each source that
+	// has any; mu guards it.
+	bySource map[netip.Prefix]int
 }
 
 // New returns a Limiter enforcing cfg.
 func New(cfg Config, log *slog.Logger) *Limiter {
-	return &Limiter{cfg: cfg.withDefaults(), log: log, now: time.Now, peers: map[netip.Addr]*list.Element{}, lru: list.New()}
+	l := &Limiter{cfg: cfg.withDefaults(), log: log, now: time.Now, bySource: map[netip.Prefix]int{}}
+	if l.cfg.PeerRate >= 0 {
+		l.peers = NewBuckets(l.cfg.PeerRate, l.cfg.PeerBurst, l.cfg.MaxPeers)
+		l.nets = NewBuckets(NetworkShare*l.cfg.PeerRate, NetworkShare*l.cfg.PeerBurst, l.cfg.MaxPeers)
+	}
+	return l
 }
 
-// allowPeer takes a token from addr's bucket.
-func (l *Limiter) allowPeer(addr netip.Addr) bool {
-	if l.cfg.PeerRate < 0 {
+// allowPeer takes a token from src's bucket and from its network's.
+func (l *Limiter) allowPeer(src netip.Prefix) bool {
+	if l.peers == nil {
 		return true
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	e, ok := l.peers[addr]
-	if ok {
-		l.lru.MoveToFront(e)
-	} else {
-		if l.lru.Len() >= l.cfg.MaxPeers {
-			old := l.lru.Back()
-			l.lru.Remove(old)
-			delete(l.peers, old.Value.(*peerBucket).addr)
-		}
-		e = l.lru.PushFront(&peerBucket{addr: addr, lim: rate.NewLimiter(rate.Limit(l.cfg.PeerRate), l.cfg.PeerBurst)})
-		l.peers[addr] = e
+	now := l.now()
+	if !l.peers.Allow(src, now) {
+		return false
 	}
-	return e.Value.(*peerBucket).lim.AllowN(l.now(), 1)
+	net := NetworkOf(src)
+	return net == src || l.nets.Allow(net, now)
 }
 
 // acquire counts one more in n unless that exceeds limit.
@@ -162,44 +207,108 @@ func (l *Limiter) warn(msg string, args ...any) {
 	}
 }
 
-// admit applies the per-peer rate to a new TableService call (health
-// checks and reflection cost nothing to answer, and grpcurl makes a
-// reflection call before each command) and the stream cap to every new
-// call; on success the caller must call the returned release when the
-// call ends.
-func (l *Limiter) admit(ctx context.Context, method string) (release func(), err error) {
-	if strings.HasPrefix(method, tableServicePrefix) && !l.allowPeer(peerIP(ctx)) {
-		return nil, status.Errorf(codes.ResourceExhausted, "too many calls from %s: at most %g a second after a burst of %d", peerIP(ctx), l.cfg.PeerRate, l.cfg.PeerBurst)
-	}
-	if !acquire(&l.streams, l.cfg.MaxStreams) {
-		l.warn("refusing calls: the stream cap is reached", "maxStreams", l.cfg.MaxStreams)
-		return nil, status.Errorf(codes.ResourceExhausted, "this replica serves its maximum of %d streams", l.cfg.MaxStreams)
-	}
-	return func() { l.streams.Add(-1) }, nil
-}
+// The refusals' statuses say what to do and nothing about this replica's
+// settings: whoever sees them has proved nothing yet.
+var (
+	errPeerRate   = status.Error(codes.ResourceExhausted, "too many calls from this address; retry later")
+	errStreams    = status.Error(codes.ResourceExhausted, "this replica serves its maximum of streams; try another")
+	errUnverified = status.Error(codes.ResourceExhausted, "this replica serves its maximum of unauthenticated calls; retry later")
+	errSource     = status.Error(codes.ResourceExhausted, "too many unauthenticated calls from this address; retry later")
+	errIdle       = errors.New("no message from the client within the idle timeout")
+)
 
-// UnaryInterceptor admits unary calls; install it before authentication.
-func (l *Limiter) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		release, err := l.admit(ctx, info.FullMethod)
-		if err != nil {
-			return nil, err
+// Tap is a grpc.InTapHandle: it admits every call when its headers
+// arrive, before anything of it is read, and gives its slot back when the
+// call ends. grpc-go calls it with the connection's lock held, so it only
+// counts. Install it with grpc.InTapHandle.
+func (l *Limiter) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	src := Source(ctx)
+	if !l.allowPeer(src) {
+		return nil, errPeerRate
+	}
+	switch info.FullMethodName {
+	case pb.TableService_Sync_FullMethodName, pb.TableService_WatchTable_FullMethodName:
+		// Authentication runs before their first message is read.
+		if !acquire(&l.streams, l.cfg.MaxStreams) {
+			l.warn("refusing streams: the stream cap is reached", "maxStreams", l.cfg.MaxStreams)
+			return nil, errStreams
 		}
-		defer release()
-		return handler(ctx, req)
+		// The stream's context ends when the stream does, however it ends.
+		context.AfterFunc(ctx, func() { l.streams.Add(-1) })
+		return ctx, nil
+	}
+	if !l.acquireSource(src) {
+		return nil, errSource
+	}
+	if !acquire(&l.unverified, l.cfg.MaxUnverified) {
+		l.releaseSource(src)
+		l.warn("refusing unauthenticated calls: their cap is reached", "maxUnverified", l.cfg.MaxUnverified)
+		return nil, errUnverified
+	}
+	// grpc-go reads from the stream until its context ends, so ending it
+	// when idle also ends a request sent byte by byte.
+	ctx, cancel := context.WithCancelCause(ctx)
+	it := &idle{d: l.cfg.IdleTimeout}
+	it.t = time.AfterFunc(it.d, func() { cancel(errIdle) })
+	context.AfterFunc(ctx, func() {
+		it.t.Stop()
+		l.unverified.Add(-1)
+		l.releaseSource(src)
+	})
+	return context.WithValue(ctx, idleKey{}, it), nil
+}
+
+// acquireSource counts one more unverified call of src, unless src has
+// MaxUnverifiedPerSource in flight.
+func (l *Limiter) acquireSource(src netip.Prefix) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bySource[src] >= l.cfg.MaxUnverifiedPerSource {
+		return false
+	}
+	l.bySource[src]++
+	return true
+}
+
+func (l *Limiter) releaseSource(src netip.Prefix) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bySource[src]--; l.bySource[src] <= 0 {
+		delete(l.bySource, src)
 	}
 }
 
-// StreamInterceptor admits streams; install it before authentication.
+// idle ends a call's context once its client has sent nothing for d.
+type idle struct {
+	d time.Duration
+	t *time.Timer
+}
+
+type idleKey struct{}
+
+// StreamInterceptor restarts the idle timeout of an unverified stream
+// (health watch, reflection) at each message from its client.
 func (l *Limiter) StreamInterceptor() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		release, err := l.admit(ss.Context(), info.FullMethod)
-		if err != nil {
-			return err
+		it, ok := ss.Context().Value(idleKey{}).(*idle)
+		if !ok {
+			return handler(srv, ss)
 		}
-		defer release()
-		return handler(srv, ss)
+		return handler(srv, &idleStream{ServerStream: ss, idle: it})
 	}
+}
+
+type idleStream struct {
+	grpc.ServerStream
+	idle *idle
+}
+
+func (s *idleStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	if err == nil {
+		s.idle.t.Reset(s.idle.d)
+	}
+	return err
 }
 
 // AgentInterceptor caps open Sync streams at MaxAgents. Install it after
@@ -218,7 +327,7 @@ func (l *Limiter) AgentInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
-// Listener wraps ln: a connection past MaxConnections, or from a peer
+// Listener wraps ln: a connection past MaxConnections, or from a source
 // over its rate, is closed as soon as it is accepted, before its TLS
 // handshake costs anything.
 func (l *Limiter) Listener(ln net.Listener) net.Listener { return &listener{Listener: ln, l: l} }
@@ -234,7 +343,7 @@ func (ln *listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !ln.l.allowPeer(addrIP(c.RemoteAddr())) {
+		if !ln.l.allowPeer(addrSource(c.RemoteAddr())) {
 			_ = c.Close()
 			continue
 		}
@@ -250,33 +359,65 @@ func (ln *listener) Accept() (net.Conn, error) {
 // conn gives its slot back once, however often it is closed.
 type conn struct {
 	net.Conn
-	n    *atomic.Int64
-	once sync.Once
+	n      *atomic.Int64
+	closed atomic.Bool
 }
 
 func (c *conn) Close() error {
-	c.once.Do(func() { c.n.Add(-1) })
+	if c.closed.CompareAndSwap(false, true) {
+		c.n.Add(-1)
+	}
 	return c.Conn.Close()
 }
 
-var tableServicePrefix = "/" + pb.TableService_ServiceDesc.ServiceName + "/"
-
-func peerIP(ctx context.Context) netip.Addr {
+// Source is the source a call in ctx is limited as: its peer's address
+// (see SourceOf).
+func Source(ctx context.Context) netip.Prefix {
 	if p, ok := peer.FromContext(ctx); ok {
-		return addrIP(p.Addr)
+		return addrSource(p.Addr)
 	}
-	return netip.Addr{}
+	return netip.Prefix{}
 }
 
-// addrIP is the address's IP; every address that has none (an in-memory
-// test listener) shares the zero Addr's bucket.
-func addrIP(a net.Addr) netip.Addr {
+func addrSource(a net.Addr) netip.Prefix {
+	if t, ok := a.(*net.TCPAddr); ok { // every peer but in tests: no parsing
+		addr, ok := netip.AddrFromSlice(t.IP)
+		if !ok {
+			return netip.Prefix{}
+		}
+		return SourceOf(addr)
+	}
 	if a == nil {
-		return netip.Addr{}
+		return netip.Prefix{}
 	}
 	ap, err := netip.ParseAddrPort(a.String())
 	if err != nil {
-		return netip.Addr{}
+		return netip.Prefix{}
 	}
-	return ap.Addr().Unmap()
+	return SourceOf(ap.Addr())
+}
+
+// SourceOf is the source addr counts as: the address alone, as a /32 or
+// /128. Every address that has none (an in-memory test listener) shares
+// the zero Prefix.
+func SourceOf(addr netip.Addr) netip.Prefix {
+	addr = addr.Unmap()
+	p, err := addr.Prefix(addr.BitLen())
+	if err != nil {
+		return netip.Prefix{}
+	}
+	return p
+}
+
+// NetworkOf is the network a source belongs to: an IPv6 source's /64,
+// which its owner usually holds whole; an IPv4 source itself.
+func NetworkOf(src netip.Prefix) netip.Prefix {
+	if !src.Addr().Is6() {
+		return src
+	}
+	p, err := src.Addr().Prefix(64)
+	if err != nil {
+		return src
+	}
+	return p
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +17,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/reflection"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/grpc/test/bufconn"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -26,6 +31,8 @@ func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func TestPeerRate(t *testing.T) {
 	a, b := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	// c and d share a /64, e is in the next one.
+	c, d, e := netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::ffff:1"), netip.MustParseAddr("2001:db8:0:1::1")
 	type step struct {
 		advance time.Duration
 		addr    netip.Addr
@@ -52,6 +59,11 @@ func TestPeerRate(t *testing.T) {
 			[]step{{0, a, true}, {0, a, false}, {500 * time.Millisecond, a, true}, {0, a, false}},
 		},
 		{
+			"each address of an IPv6 /64 has its own bucket",
+			Config{PeerRate: 1, PeerBurst: 1},
+			[]step{{0, c, true}, {0, c, false}, {0, d, true}, {0, e, true}},
+		},
+		{
 			"a negative rate turns the limit off",
 			Config{PeerRate: -1, PeerBurst: 1},
 			[]step{{0, a, true}, {0, a, true}, {0, a, true}},
@@ -69,12 +81,15 @@ func TestPeerRate(t *testing.T) {
 			l.now = func() time.Time { return now }
 			for i, s := range tc.steps {
 				now = now.Add(s.advance)
-				if got := l.allowPeer(s.addr); got != s.want {
+				if got := l.allowPeer(SourceOf(s.addr)); got != s.want {
 					t.Errorf("step %d (%s): allowed %t, want %t", i, s.addr, got, s.want)
 				}
 			}
-			if n := l.lru.Len(); n > l.cfg.MaxPeers || n != len(l.peers) {
-				t.Errorf("%d buckets in the list and %d in the map, want equal and at most %d", n, len(l.peers), l.cfg.MaxPeers)
+			if l.peers == nil {
+				return
+			}
+			if n := l.peers.lru.Len(); n > l.cfg.MaxPeers || n != len(l.peers.m) {
+				t.Errorf("%d buckets in the list and %d in the map, want equal and at most %d", n, len(l.peers.m), l.cfg.MaxPeers)
 			}
 		})
 	}
@@ -114,10 +129,11 @@ func serve(t *testing.T, l *Limiter, srv *blockingServer) *grpc.ClientConn {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(l.UnaryInterceptor()),
+		grpc.InTapHandle(l.Tap),
 		grpc.ChainStreamInterceptor(l.StreamInterceptor(), l.AgentInterceptor()))
 	pb.RegisterTableServiceServer(gs, srv)
 	healthpb.RegisterHealthServer(gs, health.NewServer())
+	reflection.Register(gs)
 	go func() { _ = gs.Serve(lis) }()
 	t.Cleanup(gs.Stop)
 	cc, err := grpc.NewClient("passthrough:///bufnet",
@@ -177,7 +193,7 @@ func openStream(ctx context.Context, t *testing.T, cc *grpc.ClientConn, srv *blo
 	}
 }
 
-// TestCaps: Sync streams past MaxAgents and streams of any kind past
+// TestCaps: Sync streams past MaxAgents and TableService streams past
 // MaxStreams are refused with ResourceExhausted, and a slot freed is
 // reusable.
 func TestCaps(t *testing.T) {
@@ -203,9 +219,6 @@ func TestCaps(t *testing.T) {
 			t.Errorf("%s: %s, want %s", s.name, got, s.want)
 		}
 	}
-	if _, err := pb.NewTableServiceClient(cc).ListNodes(ctx, &pb.ListNodesRequest{}); status.Code(err) != codes.ResourceExhausted {
-		t.Errorf("unary call past --max-streams: %v, want ResourceExhausted", err)
-	}
 	close(srv.release)
 	waitFor(t, "streams to end", func() bool { return l.streams.Load() == 0 && l.agents.Load() == 0 })
 	if _, err := pb.NewTableServiceClient(cc).ListNodes(ctx, &pb.ListNodesRequest{}); err != nil {
@@ -213,8 +226,9 @@ func TestCaps(t *testing.T) {
 	}
 }
 
-// TestCallRate: calls past a peer's burst are refused with
-// ResourceExhausted, health checks aside.
+// TestCallRate: calls past a source's burst are refused with
+// ResourceExhausted, health checks included: they cost little to answer,
+// but a flood of them is a flood.
 func TestCallRate(t *testing.T) {
 	srv := &blockingServer{release: make(chan struct{})}
 	l := New(Config{PeerRate: 0.001, PeerBurst: 2}, discard())
@@ -227,8 +241,8 @@ func TestCallRate(t *testing.T) {
 			t.Errorf("call %d: %v, want %s", i, err, w)
 		}
 	}
-	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-		t.Errorf("health check past the rate: %v", err)
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("health check past the rate: %v, want ResourceExhausted", err)
 	}
 }
 
@@ -321,5 +335,199 @@ func dial(t *testing.T, addr string, accepted <-chan net.Conn) net.Conn {
 	case <-time.After(10 * time.Second):
 		t.Fatal("connection neither accepted nor closed")
 		return nil
+	}
+}
+
+// TestStrangersCannotFillAgentsBudget is issue 21's first attack: one
+// source opens health watches and reflection streams, which need no
+// token, until the replica refuses them. They fill only the unverified
+// budget, whose refusals are ResourceExhausted, and an agent's Sync
+// stream is still admitted.
+func TestStrangersCannotFillAgentsBudget(t *testing.T) {
+	srv := &blockingServer{release: make(chan struct{})}
+	defer close(srv.release)
+	const maxStreams = 4
+	l := New(Config{MaxStreams: maxStreams, MaxUnverified: 3, PeerRate: -1}, discard())
+	cc := serve(t, l, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Twice the agents' budget of strangers' streams, half of each kind.
+	var refused int
+	for i := range 2 * maxStreams {
+		var err error
+		if i%2 == 0 {
+			var w grpc.ServerStreamingClient[healthpb.HealthCheckResponse]
+			if w, err = healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{}); err == nil {
+				_, err = w.Recv() // the first status, or the refusal
+			}
+		} else {
+			var r grpc.BidiStreamingClient[reflectionpb.ServerReflectionRequest, reflectionpb.ServerReflectionResponse]
+			if r, err = reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(ctx); err == nil {
+				if err = r.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err == nil {
+					_, err = r.Recv()
+				}
+			}
+		}
+		switch status.Code(err) {
+		case codes.OK:
+		case codes.ResourceExhausted:
+			refused++
+		default:
+			t.Fatalf("stranger's stream %d: %v, want OK or ResourceExhausted", i, err)
+		}
+	}
+	if want := 2*maxStreams - 3; refused != want {
+		t.Errorf("%d strangers' streams refused, want %d (all past the unverified cap)", refused, want)
+	}
+	if got := openStream(ctx, t, cc, srv, "Sync", 1); got != codes.OK {
+		t.Errorf("agent's Sync stream with strangers' streams open: %s, want admitted", got)
+	}
+}
+
+// TestIdleTimeout: an unverified stream that sends nothing ends after the
+// idle timeout, and gives its slot back.
+func TestIdleTimeout(t *testing.T) {
+	srv := &blockingServer{release: make(chan struct{})}
+	defer close(srv.release)
+	l := New(Config{MaxUnverified: 1, IdleTimeout: 100 * time.Millisecond, PeerRate: -1}, discard())
+	cc := serve(t, l, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(cc).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Recv(); err != nil {
+		t.Fatalf("first status: %v", err)
+	}
+	for {
+		if _, err = w.Recv(); err != nil {
+			break
+		}
+	}
+	if status.Code(err) == codes.OK || errors.Is(err, io.EOF) {
+		t.Errorf("idle watch ended with %v, want an error", err)
+	}
+	waitFor(t, "the slot to come back", func() bool { return l.unverified.Load() == 0 })
+	if _, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health check once the idle watch ended: %v", err)
+	}
+}
+
+// BenchmarkTap measures the admission of one call in grpc-go's tap, with
+// the per-source rate on: an agent's Sync stream, and an unverified call
+// with its idle timer; "none" is the contexts each iteration makes, which
+// grpc-go makes for every stream anyway. Each iteration's call ends at
+// once.
+func BenchmarkTap(b *testing.B) {
+	l := New(Config{PeerRate: 1e9, PeerBurst: 1 << 30, MaxUnverified: 1 << 30, MaxUnverifiedPerSource: 1 << 30}, discard())
+	p := &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("10.0.0.1"), Port: 40000}}
+	for _, method := range []string{"none", pb.TableService_Sync_FullMethodName, healthpb.Health_Check_FullMethodName} {
+		b.Run(strings.ReplaceAll(method, "/", "_"), func(b *testing.B) {
+			info := &tap.Info{FullMethodName: method}
+			b.ReportAllocs()
+			for range b.N {
+				ctx, cancel := context.WithCancel(peer.NewContext(context.Background(), p))
+				if method != "none" {
+					if _, err := l.Tap(ctx, info); err != nil {
+						b.Fatal(err)
+					}
+				}
+				cancel()
+			}
+		})
+	}
+}
+
+// TestBucketsRefund: a token taken and given back is there again at
+// once, later as well, and once only.
+func TestBucketsRefund(t *testing.T) {
+	src := SourceOf(netip.MustParseAddr("10.0.0.1"))
+	now := time.Now()
+	b := NewBuckets(0.001, 2, 10)
+	refund, ok := b.Take(src, now)
+	if !ok {
+		t.Fatal("first token refused")
+	}
+	now = now.Add(time.Second) // long after the take, as a review ends
+	refund()
+	refund()
+	for i, want := range []bool{true, true, false} {
+		if _, got := b.Take(src, now); got != want {
+			t.Errorf("take %d after the refund: %t, want %t", i, got, want)
+		}
+	}
+}
+
+// TestOneSourceCannotTakeUnverifiedBudget: a pod's health watches stop at
+// its per-source share, and another address's health check and a
+// ListNodes are still served.
+func TestOneSourceCannotTakeUnverifiedBudget(t *testing.T) {
+	srv := &blockingServer{release: make(chan struct{})}
+	defer close(srv.release)
+	l := New(Config{MaxUnverified: 6, MaxUnverifiedPerSource: 2, PeerRate: -1}, discard())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer(grpc.InTapHandle(l.Tap), grpc.ChainStreamInterceptor(l.StreamInterceptor(), l.AgentInterceptor()))
+	pb.RegisterTableServiceServer(gs, srv)
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	// from dials the server from local address ip (any of 127/8 is ours).
+	from := func(ip string) *grpc.ClientConn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		cc, err := grpc.NewClient("passthrough:///"+lis.Addr().String(),
+			grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cc.Close() })
+		return cc
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	attacker := healthpb.NewHealthClient(from("127.0.0.2"))
+	// As many watches as the whole budget: only its share is admitted.
+	for i, want := range []codes.Code{codes.OK, codes.OK, codes.ResourceExhausted, codes.ResourceExhausted, codes.ResourceExhausted, codes.ResourceExhausted} {
+		w, err := attacker.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv()
+		}
+		if status.Code(err) != want {
+			t.Errorf("attacker's watch %d: %v, want %s", i, err, want)
+		}
+	}
+	operator := from("127.0.0.3")
+	if _, err := healthpb.NewHealthClient(operator).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("another address's health check: %v", err)
+	}
+	if _, err := pb.NewTableServiceClient(operator).ListNodes(ctx, &pb.ListNodesRequest{}); err != nil {
+		t.Errorf("another address's ListNodes: %v", err)
+	}
+}
+
+// TestNetworkRate: an attacker rotating through the addresses of its
+// IPv6 /64, one call each, is held to NetworkShare addresses' burst,
+// while the next /64 is not.
+func TestNetworkRate(t *testing.T) {
+	l := New(Config{PeerRate: 1, PeerBurst: 1}, discard())
+	now := time.Now()
+	l.now = func() time.Time { return now }
+	var allowed int
+	for i := range 3 * NetworkShare {
+		addr := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(i >> 8), 15: byte(i)})
+		if l.allowPeer(SourceOf(addr)) {
+			allowed++
+		}
+	}
+	if allowed != NetworkShare {
+		t.Errorf("%d calls from distinct addresses of one /64 allowed, want %d", allowed, NetworkShare)
+	}
+	if !l.allowPeer(SourceOf(netip.MustParseAddr("2001:db8:0:1::1"))) {
+		t.Error("the next /64 is refused")
 	}
 }

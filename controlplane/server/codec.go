@@ -1,11 +1,18 @@
 package server
 
 import (
+	"context"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // frame is a message encoded ahead of time. Table responses are assembled
@@ -18,12 +25,41 @@ type frame struct {
 
 func (f *frame) size() int { return len(f.head) + f.body.Len() }
 
-// codec is the standard proto codec that also passes frames through
-// untouched. On the wire a frame is an ordinary protobuf message, so any
-// client (grpcurl included) decodes it with the generated types.
-type codec struct{ encoding.CodecV2 }
+// MaxSmallMessageBytes bounds every message a client sends except the
+// agents' Sync messages: health and reflection requests, WatchTable's,
+// ListNodes' and ListEvents' requests. The largest of them legitimately
+// is a reflection request naming a symbol or file, or a WatchTable
+// request naming a node (at most 253 bytes); 4 KiB is ample.
+//
+// grpc-go has one receive limit for the whole server (MaxRecvMsgSize),
+// and it must fit an agent's hello, which lists every entry's hash: at
+// most 141 bytes an entry, 1.4 MB at 10,000 Services. So this bound is
+// the codec's: a larger message of any other type is refused before it
+// is decoded, and its bytes are freed at once. What grpc-go reads before
+// that is bounded by the server-wide limit times the calls that may be
+// read before anyone proved anything (limit.Config.MaxUnverified);
+// Sync's messages are read only after authentication.
+const MaxSmallMessageBytes = 4 << 10
 
-func newCodec() codec { return codec{encoding.GetCodecV2(proto.Name)} }
+// codec is the standard proto codec that also passes frames through
+// untouched, and refuses messages over MaxSmallMessageBytes but the
+// agents'. On the wire a frame is an ordinary protobuf message, so any
+// client (grpcurl included) decodes it with the generated types.
+//
+// grpc-go turns any error of a codec into Internal, so the codec does not
+// fail an oversized message: it leaves it undecoded and marks it, and the
+// interceptors GRPCOptions installs with it refuse a marked message with
+// ResourceExhausted, as grpc-go's own size limit does.
+type codec struct {
+	encoding.CodecV2
+	// oversized holds the messages left undecoded, until the interceptor
+	// that refuses them takes them out.
+	oversized *sync.Map
+}
+
+func newCodec() codec { return newCodecOf(encoding.GetCodecV2(proto.Name)) }
+
+func newCodecOf(c encoding.CodecV2) codec { return codec{CodecV2: c, oversized: &sync.Map{}} }
 
 // Marshal implements encoding.CodecV2.
 func (c codec) Marshal(v any) (mem.BufferSlice, error) {
@@ -43,9 +79,52 @@ type rawMessage []byte
 
 // Unmarshal implements encoding.CodecV2.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	if r, ok := v.(*rawMessage); ok {
+	switch r := v.(type) {
+	case *rawMessage:
 		*r = data.Materialize()
 		return nil
+	case *pb.SyncRequest:
+	default:
+		if data.Len() > MaxSmallMessageBytes {
+			c.oversized.Store(v, struct{}{})
+			return nil
+		}
 	}
 	return c.CodecV2.Unmarshal(data, v)
+}
+
+var errOversized = status.Errorf(codes.ResourceExhausted, "message larger than %d bytes", MaxSmallMessageBytes)
+
+// refuseOversized refuses a unary request the codec left undecoded. It
+// is the outermost interceptor, so it runs before any other sees the
+// empty request.
+func (c codec) refuseOversized(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if _, ok := c.oversized.LoadAndDelete(req); ok {
+		return nil, errOversized
+	}
+	return handler(ctx, req)
+}
+
+// refuseOversizedStream does the same for the messages of streams, the
+// Sync stream's aside (their messages are never marked).
+func (c codec) refuseOversizedStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	if info.FullMethod == pb.TableService_Sync_FullMethodName {
+		return handler(srv, ss)
+	}
+	return handler(srv, &sizedStream{ServerStream: ss, oversized: c.oversized})
+}
+
+type sizedStream struct {
+	grpc.ServerStream
+	oversized *sync.Map
+}
+
+func (s *sizedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if _, ok := s.oversized.LoadAndDelete(m); ok {
+		return errOversized
+	}
+	return nil
 }

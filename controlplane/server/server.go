@@ -73,12 +73,20 @@ func (s *Server) streamContext(ctx context.Context) (context.Context, context.Ca
 }
 
 // GRPCOptions returns the grpc.ServerOptions the server relies on: the
-// codec that sends pre-encoded tables, and a transport sized for thousands
+// codec that sends pre-encoded tables and bounds what clients but agents
+// send (MaxSmallMessageBytes), and a transport sized for thousands
 // of agents that each send a few bytes per change. Pass them to
 // grpc.NewServer.
-func GRPCOptions() []grpc.ServerOption {
+func GRPCOptions() []grpc.ServerOption { return grpcOptions(newCodec()) }
+
+func grpcOptions(c codec) []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(newCodec()),
+		grpc.ForceServerCodecV2(c),
+		// The codec's bound on messages other than the agents' (see
+		// MaxSmallMessageBytes) needs these to refuse what it marks. They
+		// come first, so they run before any interceptor added later.
+		grpc.ChainUnaryInterceptor(c.refuseOversized),
+		grpc.ChainStreamInterceptor(c.refuseOversizedStream),
 		// Static receive windows turn off grpc-go's bandwidth estimation,
 		// which otherwise answers every ACK (a burst of received data) with
 		// a BDP ping: one more write and read per agent per change. Agents

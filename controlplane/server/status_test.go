@@ -29,6 +29,11 @@ func TestRegistryForgetsWhatAgentsSent(t *testing.T) {
 
 	known := connect(t, client, &pb.Hello{NodeName: "node-1", Capabilities: caps})
 	known.ack(known.recv())
+	// The ACK is read by the stream's goroutine: let it land before the
+	// stream ends, or the registry rightly has nothing acknowledged.
+	eventually(t, "node-1's ACK recorded", func() bool {
+		return nodeStatus(t, client, "node-1").GetAckedVersion() == known.version
+	})
 	invented := connect(t, client, &pb.Hello{NodeName: "invented-7", Capabilities: caps})
 	invented.ack(invented.recv())
 	if st := nodeStatus(t, client, "invented-7"); !st.GetConnected() || st.GetCapabilities().GetDataplane() != "nftables" {

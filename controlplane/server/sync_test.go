@@ -26,7 +26,7 @@ import (
 )
 
 // cluster publishes services a and b and returns the store.
-func cluster(t *testing.T) *table.Store {
+func cluster(t testing.TB) *table.Store {
 	t.Helper()
 	store := table.NewStore(100)
 	publish(t, store, map[string]*compute.Service{"a": service(t, "a", 2, 1), "b": service(t, "b", 3, 1)})

@@ -39,7 +39,9 @@ func run(ctx context.Context, o *Options, stdout, stderr io.Writer) error {
 	rep := Merge(replies)
 	for _, r := range rep.Replicas {
 		if r.Error != "" {
-			_, _ = fmt.Fprintf(stderr, "controlplane status: replica %s did not answer: %s\n", r.Address, r.Error)
+			// The error carries the replica's own status message:
+			// made terminal-safe as the table's cells are.
+			_, _ = fmt.Fprintf(stderr, "controlplane status: replica %s did not answer: %s\n", cell(r.Address), cell(r.Error))
 		}
 	}
 	if rep.Answered() == 0 {

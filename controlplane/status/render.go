@@ -1,6 +1,7 @@
 package status
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -35,14 +37,43 @@ func WriteTable(w io.Writer, rep *Report) error {
 	return errors.Join(err, tw.Flush())
 }
 
-// WriteJSON prints the report as indented JSON, for scripts.
+// WriteJSON prints the report as indented JSON, for scripts. Every
+// control character is written as a \u escape: encoding/json escapes
+// only those below U+0020, and DEL, the C1 controls (U+009B is a CSI on
+// its own) and the bidirectional overrides an agent puts in a NACK would
+// otherwise reach the terminal of whoever reads the output.
 func WriteJSON(w io.Writer, rep *Report) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(rep); err != nil {
 		return fmt.Errorf("encoding the report: %w", err)
 	}
-	return nil
+	_, err := w.Write(escapeJSON(b.Bytes()))
+	return err
+}
+
+// escapeJSON rewrites every rune from DEL up that is unsafe to show
+// (unsafeRune) in encoded JSON as a \u escape. Outside strings JSON is
+// ASCII, so every such rune is inside a string, where the escape means
+// the same rune: the document decodes to the same values. Below DEL,
+// encoding/json has escaped every control character inside strings, and
+// those left (newlines, spaces) are its indentation; it has also turned
+// invalid UTF-8 into U+FFFD.
+func escapeJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		r, n := utf8.DecodeRune(b)
+		// Every unsafe rune is in the Basic Multilingual Plane: one
+		// \u escape, no surrogate pair.
+		if r >= 0x7f && unsafeRune(r) {
+			out = fmt.Appendf(out, "\\u%04x", r)
+		} else {
+			out = append(out, b[:n]...)
+		}
+		b = b[n:]
+	}
+	return out
 }
 
 func replicaCell(r Row) string {
@@ -71,11 +102,13 @@ func nackCell(r Row) string {
 	if r.NackedVersion == "" {
 		return "-"
 	}
-	msg := strings.Join(strings.Fields(r.NackError), " ")
-	if utf8.RuneCountInString(msg) > maxNackText {
-		msg = string([]rune(msg)[:maxNackText]) + "…"
+	// Escaped before it is cut, so that an escape cannot widen the
+	// column past maxNackText.
+	msg := []rune(cell(strings.Join(strings.Fields(r.NackError), " ")))
+	if len(msg) > maxNackText {
+		msg = append(msg[:maxNackText], '…')
 	}
-	return cell(r.NackedVersion + ": " + msg)
+	return cell(r.NackedVersion) + ": " + string(msg)
 }
 
 func orDash(s string) string {
@@ -85,13 +118,39 @@ func orDash(s string) string {
 	return cell(s)
 }
 
-// cell keeps a value from breaking the table: node names and addresses
-// come from agents and flags, and a tab or newline would shift columns.
+// cell makes a value safe to print in the table: node names, NACK text
+// and addresses come from agents and replicas. A tab or line break would
+// shift columns, so it becomes a space. Every other control character
+// (C0, DEL, C1: ESC[2J, OSC 8 links, a title change) and every
+// bidirectional override, which could clear the screen or hide and
+// reorder what the operator reads, is printed as a visible Go-style
+// escape (\x1b, \u202e), as are bytes that are not UTF-8; the value
+// stays readable and nothing reaches the terminal but printable text.
 func cell(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '\t' || r == '\n' || r == '\r' {
-			return ' '
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, "\\x%02x", s[i])
+		case r == '\t' || r == '\n' || r == '\r':
+			b.WriteByte(' ')
+		case r < 0x100 && unsafeRune(r):
+			fmt.Fprintf(&b, "\\x%02x", r)
+		case unsafeRune(r):
+			fmt.Fprintf(&b, "\\u%04x", r)
+		default:
+			b.WriteString(s[i : i+n])
 		}
-		return r
-	}, s)
+		i += n
+	}
+	return b.String()
+}
+
+// unsafeRune reports whether r may change what a terminal shows rather
+// than show itself: a control character (Unicode category Cc: C0, DEL,
+// C1), a bidirectional control (U+061C, U+200E-F, U+202A-E, U+2066-9),
+// or a line or paragraph separator.
+func unsafeRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) || r == '\u2028' || r == '\u2029'
 }

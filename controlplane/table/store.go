@@ -79,6 +79,10 @@ type Update struct {
 	// otherwise they stay as they are.
 	ServiceCIDRs    *compute.ServiceCIDRs
 	SetServiceCIDRs bool
+	// ControlPlaneAddresses are the control plane's replica addresses
+	// when SetControlPlaneAddresses; otherwise they stay as they are.
+	ControlPlaneAddresses    *compute.ControlPlaneAddresses
+	SetControlPlaneAddresses bool
 	// ResourceVersion, when not 0, says the caller has observed the
 	// cluster through it: every change up to it is in this update or
 	// already in the latest world. The world that results, new or not,
@@ -89,8 +93,8 @@ type Update struct {
 // Apply applies u and publishes the resulting world. Entries equal to the
 // current state are ignored, and a publish that changes nothing makes no
 // new world and wakes nobody (the first publish always makes one). A
-// change of the service CIDRs changes every node (they travel in
-// NodeInfo) and counts as such. It returns the number of Services and
+// change of the service CIDRs or of the control plane addresses changes
+// every node (they travel in NodeInfo) and counts as such. It returns the number of Services and
 // Nodes that changed. Apply never blocks on subscribers.
 func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 	services := u.Services
@@ -105,20 +109,26 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 	if u.SetServiceCIDRs {
 		cidrs = u.ServiceCIDRs
 	}
-	cidrsChanged := !cidrs.Equal(prev.cidrs)
+	cp := prev.cp
+	if u.SetControlPlaneAddresses {
+		cp = u.ControlPlaneAddresses
+	}
+	// Both are cluster-wide facts every NodeInfo carries.
+	cidrsChanged := !cidrs.Equal(prev.cidrs) || !cp.Equal(prev.cp)
 	oldServices := map[string]*compute.Service{}
 	for k, svc := range services {
 		if old := prev.services[k]; !old.Equal(svc) {
 			oldServices[k] = old
 		}
 	}
-	// Nodes are stored with the CIDRs, so that every stream reads a
-	// node's bytes as they are, encoded once per change.
+	// Nodes are stored with the CIDRs and control plane addresses, so
+	// that every stream reads a node's bytes as they are, encoded once
+	// per change.
 	nodes := make(map[string]*compute.Node, len(u.Nodes))
 	changedNodeNames := map[string]bool{}
 	for name, n := range u.Nodes {
 		if n != nil {
-			n = n.WithServiceCIDRs(cidrs)
+			n = n.WithServiceCIDRs(cidrs).WithControlPlaneAddresses(cp)
 		}
 		nodes[name] = n
 		if old := prev.nodes[name]; !old.Equal(n) {
@@ -128,7 +138,7 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 	if cidrsChanged {
 		for name, n := range prev.nodes {
 			if _, ok := nodes[name]; !ok {
-				nodes[name] = n.WithServiceCIDRs(cidrs)
+				nodes[name] = n.WithServiceCIDRs(cidrs).WithControlPlaneAddresses(cp)
 				changedNodeNames[name] = true
 			}
 		}
@@ -140,7 +150,7 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 		return 0, 0
 	}
 
-	next := &World{Revision: prev.Revision + 1, services: prev.services, nodes: prev.nodes, cidrs: cidrs}
+	next := &World{Revision: prev.Revision + 1, services: prev.services, nodes: prev.nodes, cidrs: cidrs, cp: cp}
 	next.rv.Store(max(prev.rv.Load(), u.ResourceVersion))
 	if len(oldServices) > 0 || h == nil {
 		// maps.Clone copies the table wholesale, about twice as fast as

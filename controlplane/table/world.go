@@ -22,8 +22,9 @@ type World struct {
 	rv atomic.Uint64
 
 	services map[string]*compute.Service
-	nodes    map[string]*compute.Node // each carries cidrs
+	nodes    map[string]*compute.Node // each carries cidrs and cp
 	cidrs    *compute.ServiceCIDRs
+	cp       *compute.ControlPlaneAddresses
 
 	indexOnce sync.Once
 	idx       *worldIndex // built on first use; see index
@@ -66,16 +67,20 @@ func (w *World) ResourceVersion() uint64 { return w.rv.Load() }
 func (w *World) Service(key string) *compute.Service { return w.services[key] }
 
 // Node returns what is known of the node called name, with the cluster's
-// service CIDRs; a node without a Node object gets a bare NodeInfo.
+// service CIDRs and the control plane addresses; a node without a Node
+// object gets a bare NodeInfo.
 func (w *World) Node(name string) *compute.Node {
 	if n, ok := w.nodes[name]; ok {
 		return n
 	}
-	return compute.BuildNode(name, nil).WithServiceCIDRs(w.cidrs)
+	return compute.BuildNode(name, nil).WithServiceCIDRs(w.cidrs).WithControlPlaneAddresses(w.cp)
 }
 
 // ServiceCIDRs returns the cluster's service CIDRs.
 func (w *World) ServiceCIDRs() *compute.ServiceCIDRs { return w.cidrs }
+
+// ControlPlaneAddresses returns the control plane's replica addresses.
+func (w *World) ControlPlaneAddresses() *compute.ControlPlaneAddresses { return w.cp }
 
 // Known reports whether a Node object exists for name.
 func (w *World) Known(name string) bool { _, ok := w.nodes[name]; return ok }

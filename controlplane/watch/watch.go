@@ -6,8 +6,10 @@
 // (Run's) recomputes those from the informer caches and publishes them, so
 // a burst of events on one Service costs one computation, and a change to
 // one Service or EndpointSlice recomputes that Service only. A change to
-// any ServiceCIDR recomputes the cluster's set of service CIDRs, which
-// every node's NodeInfo carries.
+// any ServiceCIDR recomputes the cluster's set of service CIDRs, and a
+// change to the control plane's own Service or its EndpointSlices the
+// control plane's replica addresses (SetControlPlaneService), both of
+// which every node's NodeInfo carries.
 //
 // An invalid Service is left out of every table, and an invalid endpoint
 // or port of an EndpointSlice is left out of its Service; the rest of the
@@ -66,6 +68,10 @@ type Watcher struct {
 	// beat is when Run's loop last went round (UnixNano): a loop that
 	// stops going round can no longer publish.
 	beat atomic.Int64
+	// controlPlane is the key of the control plane's own Service, whose
+	// ready endpoints every NodeInfo carries; empty for none. Set before
+	// Run.
+	controlPlane string
 	// handlersSynced report when each handler has seen its informer's
 	// initial list: an informer's own HasSynced does not cover its
 	// handlers, and publishing before they caught up would send agents a
@@ -184,6 +190,14 @@ func (w *Watcher) handle(inf cache.SharedIndexInformer, key func(any) (string, b
 		return
 	}
 	w.handlersSynced = append(w.handlersSynced, reg.HasSynced)
+}
+
+// SetControlPlaneService names the control plane's own Service, whose
+// ready endpoints on its port named compute.ControlPlanePortName every
+// table then carries as the control plane's replica addresses, for agents
+// to dial besides their configured ones. Call it before Run.
+func (w *Watcher) SetControlPlaneService(namespace, name string) {
+	w.controlPlane = compute.Key(namespace, name)
 }
 
 // Run starts the informers, waits for their caches, publishes the first
@@ -313,6 +327,13 @@ func (w *Watcher) publish() {
 	if cidrsChanged {
 		update.ServiceCIDRs, update.SetServiceCIDRs = w.buildServiceCIDRs(), true
 	}
+	if w.controlPlane != "" && svcKeys[w.controlPlane] {
+		if addrs, err := w.controlPlaneAddresses(); err != nil {
+			w.log.Error("control plane addresses not updated, keeping the last ones", "service", w.controlPlane, "err", err)
+		} else {
+			update.ControlPlaneAddresses, update.SetControlPlaneAddresses = addrs, true
+		}
+	}
 	ns, nn := w.store.Apply(update)
 	w.events.publish()
 	metrics.ComputeDurationSeconds.Observe(time.Since(start).Seconds())
@@ -336,6 +357,32 @@ func (w *Watcher) buildServiceCIDRs() *compute.ServiceCIDRs {
 	return c
 }
 
+// controlPlaneAddresses computes the control plane's replica addresses
+// from the caches.
+func (w *Watcher) controlPlaneAddresses() (*compute.ControlPlaneAddresses, error) {
+	obj, exists, err := w.services.GetStore().GetByKey(w.controlPlane)
+	if err != nil {
+		return nil, fmt.Errorf("reading service from cache: %w", err)
+	}
+	var svc *corev1.Service
+	if exists {
+		svc = obj.(*corev1.Service)
+	}
+	objs, err := w.slices.GetIndexer().ByIndex(byService, w.controlPlane)
+	if err != nil {
+		return nil, fmt.Errorf("reading slices from cache: %w", err)
+	}
+	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		slices = append(slices, o.(*discoveryv1.EndpointSlice))
+	}
+	a := compute.BuildControlPlaneAddresses(svc, slices, compute.ControlPlanePortName)
+	if cur := w.store.Current(); cur == nil || !cur.ControlPlaneAddresses().Equal(a) {
+		w.log.Info("control plane addresses", "service", w.controlPlane, "addresses", a.List())
+	}
+	return a, nil
+}
+
 // report records the problems found computing the Service under key and
 // logs those that are new or different, and those that went away: once
 // each, however often a resync recomputes the Service.
@@ -347,6 +394,8 @@ func (w *Watcher) report(key string, problems []compute.Problem, now time.Time) 
 			w.log.Info("problem resolved", "service", key, "kind", c.ref.kind, "object", object)
 		case c.ev.reason == compute.ReasonInvalidService:
 			w.log.Error("service left out of every table", "service", key, "reason", c.ev.reason, "err", c.ev.message)
+		case c.ev.reason == compute.ReasonInvalidValue:
+			w.log.Warn("service values left out, the rest proxied", "service", key, "reason", c.ev.reason, "err", c.ev.message)
 		default:
 			w.log.Warn("endpoint slice elements left out", "service", key, "kind", c.ref.kind, "object", object,
 				"reason", c.ev.reason, "err", c.ev.message)
@@ -401,8 +450,8 @@ func sliceService(obj any) ([]string, error) {
 
 // trim drops what the control plane never reads, so that caches of
 // thousands of Nodes stay small: managed fields everywhere, all of a
-// Node but its name, zone label and pod CIDRs, and all of a ServiceCIDR but
-// its CIDRs.
+// Node but its name, zone label, pod CIDRs, IP addresses and whether it is
+// going away, and all of a ServiceCIDR but its CIDRs.
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Node:
@@ -420,6 +469,13 @@ func trim(obj any) (any, error) {
 			if t.Key == compute.TaintToBeDeleted {
 				n.Spec.Taints = []corev1.Taint{{Key: t.Key, Effect: t.Effect}}
 				break
+			}
+		}
+		// The addresses the node's primary IPs come from, in order, and
+		// none of the hostnames and DNS names beside them.
+		for _, a := range o.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
+				n.Status.Addresses = append(n.Status.Addresses, a)
 			}
 		}
 		return n, nil

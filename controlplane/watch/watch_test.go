@@ -77,6 +77,13 @@ func endpointsOf(w *table.World, key string) int {
 // and waits for the first world and for all four watches.
 func start(ctx context.Context, t *testing.T, log *slog.Logger, objs ...runtime.Object) (*fake.Clientset, *table.Store, *Watcher, <-chan error) {
 	t.Helper()
+	return startWith(ctx, t, log, nil, objs...)
+}
+
+// startWith is start with configure, when not nil, called on the Watcher
+// before Run.
+func startWith(ctx context.Context, t *testing.T, log *slog.Logger, configure func(*Watcher), objs ...runtime.Object) (*fake.Clientset, *table.Store, *Watcher, <-chan error) {
+	t.Helper()
 	client := fake.NewClientset(objs...)
 	// The fake clientset drops events made before a watch is established
 	// (it has no resource versions), so wait for all four watches.
@@ -95,6 +102,9 @@ func start(ctx context.Context, t *testing.T, log *slog.Logger, objs ...runtime.
 	w, err := New(client, store, 0, log)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if configure != nil {
+		configure(w)
 	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
@@ -249,6 +259,43 @@ func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
 	return mfs[0].GetMetric()[0].GetGauge().GetValue()
 }
 
+// TestWatcherDroppedValue checks that a Service with an invalid external
+// IP is published without it, as upstream proxies it, and that the value
+// is listed as an InvalidValue event and logged once.
+func TestWatcherDroppedValue(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	web := svc("web", "10.96.0.10", nil)
+	web.Spec.ExternalIPs = []string{"192.0.2.1", "192.0.2.300"}
+	logs := &logRecorder{}
+	_, store, w, done := start(ctx, t, slog.New(logs), web, slice("web-1", "web", "10.244.0.5"))
+	e := store.Current().Service("default/web")
+	if e == nil {
+		t.Fatalf("default/web left out; want it published without its bad external IP")
+	}
+	var got pb.Service
+	entry := e.EntryFor(compute.BuildNode("node-1", nil))
+	if err := proto.Unmarshal(slices.Concat(entry.Shared.Bytes, entry.Local.Bytes), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.GetExternalIps(), []string{"192.0.2.1"}) {
+		t.Errorf("external IPs = %v, want the valid one", got.GetExternalIps())
+	}
+	waitEvents(t, w, "the dropped value listed", func(ev []*pb.Event) bool {
+		return eventsAre(ev, "Service default/web "+compute.ReasonInvalidValue)
+	})
+	if m := w.Events().GetEvents()[0].GetMessage(); !strings.Contains(m, `"192.0.2.300"`) {
+		t.Errorf("event message %q does not name the bad value", m)
+	}
+	if n := logs.count(slog.LevelWarn, "service values left out, the rest proxied", "service", "default/web"); n != 1 {
+		t.Errorf("the dropped value was logged %d times, want once", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
 // TestWatcherInvalidObjects checks that an invalid Service is left out and
 // an invalid slice endpoint dropped, each listed as an event and logged
 // once, that the valid Service next to them is untouched, and that the
@@ -340,7 +387,11 @@ func TestTrimKeepsOnlyWhatTablesUse(t *testing.T) {
 			{Key: "dedicated", Effect: corev1.TaintEffectNoSchedule},
 			{Key: compute.TaintToBeDeleted, Value: "1700000000", Effect: corev1.TaintEffectNoSchedule},
 		}},
-		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"x"}}}},
+		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"x"}}}, Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeHostName, Address: "n"},
+			{Type: corev1.NodeExternalIP, Address: "203.0.113.7"},
+			{Type: corev1.NodeInternalIP, Address: "192.168.0.7"},
+		}},
 	}
 	out, err := trim(n)
 	if err != nil {
@@ -352,6 +403,9 @@ func TestTrimKeepsOnlyWhatTablesUse(t *testing.T) {
 	}
 	if len(got.Spec.Taints) != 1 {
 		t.Errorf("trimmed node kept taints %v, want only the autoscaler's", got.Spec.Taints)
+	}
+	if len(got.Status.Addresses) != 2 {
+		t.Errorf("trimmed node kept addresses %v, want its two IPs", got.Status.Addresses)
 	}
 	if !compute.BuildNode("n", got).Equal(compute.BuildNode("n", n)) {
 		t.Errorf("trimming changed what the table sees of the node")

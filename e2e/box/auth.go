@@ -15,14 +15,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 )
 
@@ -31,8 +31,10 @@ const (
 	// DebugServiceAccount is the identity the box's own clients (ListNodes,
 	// WatchTable, grpcurl) use: a ServiceAccount in deploy/'s namespace
 	// with a ClusterRole that may list EndpointSlices, which is what the
-	// control plane's SubjectAccessReview asks of a debug caller. An
-	// operator gets the same with `kubectl create token`.
+	// control plane's SubjectAccessReview asks of a debug caller. Its
+	// token is for the control plane's audience, as an operator gets one
+	// with `kubectl create token <sa> --audience proxyplane`: the control
+	// plane refuses tokens for the API server's own.
 	DebugServiceAccount = "proxyplane-e2e-debug"
 	// kubeletPeriod is how often the box, playing the kubelet, refreshes
 	// the agents' mounted CA bundle and tokens. The kubelet takes up to a
@@ -133,9 +135,9 @@ func (b *Box) GRPCurlShellArgs() string {
 }
 
 // setUpDebugIdentity creates DebugServiceAccount, a ClusterRole that may
-// list EndpointSlices and its binding, and writes a token for it (the API
-// server's default audience, as `kubectl create token` gives), waiting
-// until RBAC admits it.
+// list EndpointSlices and its binding, and writes a token for it (the
+// control plane's audience, the agents' token audience, as `kubectl create
+// token --audience` gives), waiting until RBAC admits it.
 func (b *Box) setUpDebugIdentity(ctx context.Context) error {
 	ns := b.deploy.Namespace
 	labels := map[string]string{"app.kubernetes.io/managed-by": FieldManager}
@@ -157,7 +159,7 @@ func (b *Box) setUpDebugIdentity(ctx context.Context) error {
 	}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating ClusterRoleBinding %s: %w", DebugServiceAccount, err)
 	}
-	tok, err := b.Token(ctx, types.NamespacedName{Namespace: ns, Name: DebugServiceAccount}, nil, nil, tokenLifetime)
+	tok, err := b.Token(ctx, types.NamespacedName{Namespace: ns, Name: DebugServiceAccount}, []string{b.deploy.AgentMounts.TokenAudience}, nil, tokenLifetime)
 	if err != nil {
 		return err
 	}
@@ -165,16 +167,24 @@ func (b *Box) setUpDebugIdentity(ctx context.Context) error {
 	if err := writeAtomic(b.debugTokenFile, []byte(b.debugToken)); err != nil {
 		return err
 	}
-	// The RBAC authorizer learns of the binding through an informer.
-	cfg := rest.AnonymousClientConfig(b.adminRC)
-	cfg.BearerToken = b.debugToken
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("creating the debug identity's client: %w", err)
-	}
+	// The RBAC authorizer learns of the binding through an informer. The
+	// token is useless against the API server, so ask it the control
+	// plane's own question.
+	user := "system:serviceaccount:" + ns + ":" + DebugServiceAccount
 	err = Eventually(ctx, func() error {
-		_, err := cs.DiscoveryV1().EndpointSlices("").List(ctx, metav1.ListOptions{Limit: 1})
-		return err
+		r, err := b.admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if !r.Status.Allowed {
+			return fmt.Errorf("%s may not list EndpointSlices yet", user)
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("waiting for RBAC to admit %s: %w", DebugServiceAccount, err)
@@ -204,21 +214,37 @@ func (b *Box) AgentServiceAccount() types.NamespacedName {
 }
 
 // CreateAgentPod creates a Pod named name from the DaemonSet's template
-// on node, as the DaemonSet controller would. Nothing runs it (it stays
-// Pending): it exists so that tokens can be bound to it, as the kubelet
-// binds the projected token to the pod it runs.
+// on node, controlled by the DaemonSet, as the DaemonSet controller would.
+// Nothing runs it (it stays Pending): it exists so that tokens can be
+// bound to it, as the kubelet binds the projected token to the pod it
+// runs, and the control plane accepts an agent token only while its Pod
+// is such a Pod.
 func (b *Box) CreateAgentPod(ctx context.Context, name, node string) (*corev1.Pod, error) {
+	ds, err := b.admin.AppsV1().DaemonSets(b.deploy.Namespace).Get(ctx, nodeagentDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("reading DaemonSet %s/%s: %w", b.deploy.Namespace, nodeagentDaemonSet, err)
+	}
+	pod := b.AgentPodObject(name, node)
+	pod.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))}
+	created, err := b.admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{FieldManager: FieldManager})
+	if err != nil {
+		return nil, fmt.Errorf("creating Pod %s/%s on %s: %w", pod.Namespace, name, node, err)
+	}
+	return created, nil
+}
+
+// AgentPodObject returns, without creating it, a Pod named name on node
+// made from the DaemonSet's template, without an owner: CreateAgentPod
+// adds the DaemonSet's, and scenarios make it a Pod the DaemonSet does
+// not control.
+func (b *Box) AgentPodObject(name, node string) *corev1.Pod {
 	tmpl := b.deploy.AgentPod.DeepCopy()
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.deploy.Namespace, Labels: tmpl.Labels, Annotations: tmpl.Annotations},
 		Spec:       tmpl.Spec,
 	}
 	pod.Spec.NodeName = node
-	created, err := b.admin.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{FieldManager: FieldManager})
-	if err != nil {
-		return nil, fmt.Errorf("creating Pod %s/%s on %s: %w", pod.Namespace, name, node, err)
-	}
-	return created, nil
+	return pod
 }
 
 // AgentToken returns a token for pod as the kubelet projects it for the

@@ -2,9 +2,12 @@ package box
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -231,6 +234,27 @@ func Start(ctx context.Context, tb TB, opts Options) (*Box, error) {
 	return b, nil
 }
 
+// criticalPodsLimited is the API server's admission configuration: pods
+// of the system-node-critical and system-cluster-critical priority
+// classes are admitted only in a namespace with a ResourceQuota covering
+// that class, as GKE and hardened clusters configure it (kube-system
+// ships one). deploy/quota.yaml is that quota for proxyplane's namespace;
+// without it the box's agent Pods are refused.
+const criticalPodsLimited = `apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+  - name: ResourceQuota
+    configuration:
+      apiVersion: apiserver.config.k8s.io/v1
+      kind: ResourceQuotaConfiguration
+      limitedResources:
+        - resource: pods
+          matchScopes:
+            - scopeName: PriorityClass
+              operator: In
+              values: [system-node-critical, system-cluster-critical]
+`
+
 func (b *Box) start(ctx context.Context) error {
 	for _, d := range []string{"logs", "agents"} {
 		if err := os.MkdirAll(filepath.Join(b.dir, d), 0o700); err != nil {
@@ -238,6 +262,10 @@ func (b *Box) start(ctx context.Context) error {
 		}
 	}
 	host := b.tp.HostNS(0)
+	admission := filepath.Join(b.dir, "admission.yaml")
+	if err := os.WriteFile(admission, []byte(criticalPodsLimited), 0o600); err != nil {
+		return fmt.Errorf("writing the API server's admission configuration: %w", err)
+	}
 	api, err := cluster.New(ctx, cluster.Config{
 		Binary: b.opts.APIServer,
 		Dir:    filepath.Join(b.dir, "apiserver"),
@@ -248,8 +276,12 @@ func (b *Box) start(ctx context.Context) error {
 		// binary's own --service-cluster-ip-range, so it wins. Privileged
 		// containers allowed, as on every real cluster (kubeadm sets it;
 		// kube-proxy's DaemonSet needs it): the agent's init container
-		// is one.
-		APIServerArgs: []string{"--service-cluster-ip-range=" + serviceCIDRs, "--allow-privileged=true"},
+		// is one. Critical priority classes limited to namespaces with
+		// a quota for them, as on GKE (criticalPodsLimited).
+		APIServerArgs: []string{
+			"--service-cluster-ip-range=" + serviceCIDRs, "--allow-privileged=true",
+			"--admission-control-config-file=" + admission,
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("starting the API server: %w", err)
@@ -324,7 +356,10 @@ func (b *Box) start(ctx context.Context) error {
 		// and the replicas, sharing host-0, need ports of their own.
 		// pflag keeps the last value of a repeated flag.
 		argv := b.controlplaneArgv("--kubeconfig="+cpKubeconfig,
-			"--grpc-address=:"+strconv.Itoa(grpcPort), "--metrics-address=:"+strconv.Itoa(grpcPort+1))
+			// Metrics on loopback: plaintext and open, as the box scrapes
+			// them (on any other address they are HTTPS behind the API
+			// server's authorization).
+			"--grpc-address=:"+strconv.Itoa(grpcPort), "--metrics-address=127.0.0.1:"+strconv.Itoa(grpcPort+1))
 		// The box polls ListNodes and WatchTable from host-0's loopback
 		// many times a second (every wait in the box does), far above the
 		// per-address limit sized for an operator's grpcurl and an
@@ -712,6 +747,33 @@ func (b *Box) controlplaneArgv(args ...string) []string {
 	return append(argv, args...)
 }
 
+// metricsBeyondLoopback reports whether the last --metrics-address of
+// args (pflag keeps the last) is on an address other than loopback,
+// where the control plane serves HTTPS.
+func metricsBeyondLoopback(args []string) bool {
+	beyond := false
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--metrics-address="); ok {
+			host, _, err := net.SplitHostPort(v)
+			ip := net.ParseIP(host)
+			beyond = err == nil && host != "localhost" && (ip == nil || !ip.IsLoopback())
+		}
+	}
+	return beyond
+}
+
+// HTTPClient returns an HTTP client whose connections start in network
+// namespace ns (a client, a node or a pod of the box), with tlsConfig
+// for https URLs; each request has its own connection.
+func (b *Box) HTTPClient(ns string, tlsConfig *tls.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: dialIn(b.tp, ns), TLSClientConfig: tlsConfig, DisableKeepAlives: true}}
+}
+
+// Dial opens a TCP connection from network namespace ns to addr.
+func (b *Box) Dial(ctx context.Context, ns, addr string) (net.Conn, error) {
+	return dialIn(b.tp, ns)(ctx, "tcp", addr)
+}
+
 // StartExtraControlPlane starts one more replica, name, on port (gRPC;
 // metrics on port+1) in host-0, with the Deployment's arguments and args
 // after them, and waits until it is ready. No agent lists its address and
@@ -720,11 +782,11 @@ func (b *Box) controlplaneArgv(args ...string) []string {
 func (b *Box) StartExtraControlPlane(ctx context.Context, name string, port int, args ...string) (*ControlPlane, error) {
 	argv := b.controlplaneArgv(append([]string{
 		"--kubeconfig=" + filepath.Join(b.dir, "controlplane.kubeconfig"),
-		"--grpc-address=:" + strconv.Itoa(port), "--metrics-address=:" + strconv.Itoa(port+1), "--peer-rate=0",
+		"--grpc-address=:" + strconv.Itoa(port), "--metrics-address=127.0.0.1:" + strconv.Itoa(port+1), "--peer-rate=0",
 	}, args...)...)
 	c := &ControlPlane{
 		Process: newProcess(name, b.HostNS(), filepath.Join(b.dir, "logs", name+".log"), argv, b.deploy.ControlplaneEnv),
-		Index:   -1, GRPCPort: port, MetricsPort: port + 1,
+		Index:   -1, GRPCPort: port, MetricsPort: port + 1, MetricsHTTPS: metricsBeyondLoopback(args),
 		tp: b.tp, ns: b.HostNS(), ip: b.tp.HostIP(0).String(), creds: b.Credentials,
 	}
 	b.tb.Cleanup(func() {

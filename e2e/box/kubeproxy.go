@@ -34,10 +34,11 @@ const (
 )
 
 // KubeProxy is upstream kube-proxy in a node's namespace, run as kubeadm's
-// DaemonSet runs it (iptables mode, a ServiceAccount token bound to
-// system:node-proxier, --hostname-override naming the node) with the
-// settings the node's agent has (--cluster-cidr, --detect-local-mode, the
-// masquerade bit), so that both program the same Services alike. It
+// DaemonSet runs it (iptables mode unless SetMode says otherwise, a
+// ServiceAccount token bound to system:node-proxier, --hostname-override
+// naming the node) with the settings the node's agent has
+// (--cluster-cidr, --detect-local-mode, the masquerade bit), so that both
+// program the same Services alike. It
 // serves kube-proxy's ports, /healthz on 10256 and /metrics on
 // 127.0.0.1:10249, the agent's too: whichever binds first holds them.
 type KubeProxy struct {
@@ -47,7 +48,8 @@ type KubeProxy struct {
 	// Binary is the kube-proxy executable.
 	Binary string
 
-	tp *nstest.Topology
+	tp  *nstest.Topology
+	cfg kubeproxy.Config
 }
 
 // KubeProxyBinary returns the path of upstream kube-proxy in the box's
@@ -102,7 +104,7 @@ func (b *Box) KubeProxy(ctx context.Context, k int) (*KubeProxy, error) {
 	name := "kube-proxy-" + n.Name()
 	kp := &KubeProxy{
 		Process: newProcess(name, n.NS(), filepath.Join(b.dir, "logs", name+".log"), cfg.Args(), nil),
-		Node:    n, Binary: bin, tp: b.tp,
+		Node:    n, Binary: bin, tp: b.tp, cfg: cfg,
 	}
 	if b.kubeProxies == nil {
 		b.kubeProxies = map[int]*KubeProxy{}
@@ -182,6 +184,28 @@ func (b *Box) relayAPIServer(ctx context.Context, ns string) error {
 	done := make(chan struct{})
 	go func() { defer close(done); kubeproxy.Relay(rctx, ln, dialIn(b.tp, b.HostNS()), u.Host) }()
 	b.relays = append(b.relays, func() { cancel(); <-done })
+	return nil
+}
+
+// Mode returns kube-proxy's --proxy-mode: iptables unless SetMode
+// changed it.
+func (kp *KubeProxy) Mode() string { return kp.cfg.Mode }
+
+// SetMode sets kube-proxy's --proxy-mode (iptables or nftables) for its
+// next start, as an operator edits `mode` in kube-proxy's ConfigMap; the
+// rest of its command line stays. kube-proxy must be stopped.
+func (kp *KubeProxy) SetMode(mode string) error {
+	kp.mu.Lock()
+	defer kp.mu.Unlock()
+	if kp.cmd != nil {
+		select {
+		case <-kp.exited:
+		default:
+			return fmt.Errorf("setting %s's mode to %s: it is running", kp.name, mode)
+		}
+	}
+	kp.cfg.Mode = mode
+	kp.argv = kp.cfg.Args()
 	return nil
 }
 

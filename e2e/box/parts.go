@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -31,8 +32,13 @@ type ControlPlane struct {
 	*Process
 	// Index is the replica's number, from 0.
 	Index int
-	// GRPCPort and MetricsPort are its ports on every address of host-0.
+	// GRPCPort is its port on every address of host-0, MetricsPort on
+	// host-0's loopback (plaintext there; HTTPS on any other address).
 	GRPCPort, MetricsPort int
+	// MetricsHTTPS is set when the replica's metrics port listens beyond
+	// loopback, where the control plane serves it over HTTPS only, also
+	// on 127.0.0.1; Ready then checks it as the kubelet's probe does.
+	MetricsHTTPS bool
 
 	tp *nstest.Topology
 	ns string
@@ -155,7 +161,11 @@ func (c *ControlPlane) Metrics(ctx context.Context) (Metrics, error) {
 // Ready reports whether /readyz answers 200: the informers have synced
 // and the first tables exist.
 func (c *ControlPlane) Ready(ctx context.Context) error {
-	_, err := get(ctx, c.tp, c.ns, "http://127.0.0.1:"+strconv.Itoa(c.MetricsPort)+"/readyz")
+	scheme := "http"
+	if c.MetricsHTTPS {
+		scheme = "https"
+	}
+	_, err := get(ctx, c.tp, c.ns, scheme+"://127.0.0.1:"+strconv.Itoa(c.MetricsPort)+"/readyz")
 	return err
 }
 
@@ -206,8 +216,13 @@ func (a *Agent) Metrics(ctx context.Context) (Metrics, error) {
 
 // Healthz fetches the agent's /healthz on 10256 (kube-proxy's port and
 // body); an error carries the status when it is not 200.
-func (a *Agent) Healthz(ctx context.Context) (string, error) {
-	body, err := get(ctx, a.tp, a.Node.NS(), "http://127.0.0.1:10256/healthz")
+func (a *Agent) Healthz(ctx context.Context) (string, error) { return a.HealthPath(ctx, "/healthz") }
+
+// HealthPath fetches path (/healthz, /livez or /readyz) from the agent's
+// health port 10256; an error carries the status and body when it is not
+// 200.
+func (a *Agent) HealthPath(ctx context.Context, path string) (string, error) {
+	body, err := get(ctx, a.tp, a.Node.NS(), "http://127.0.0.1:10256"+path)
 	return string(body), err
 }
 
@@ -351,6 +366,11 @@ func get(ctx context.Context, tp *nstest.Topology, ns, url string) ([]byte, erro
 	// A fresh transport per request: each dials from the namespace, and
 	// nothing is kept alive to go stale across restarts.
 	tr := &http.Transport{DialContext: dialIn(tp, ns), DisableKeepAlives: true}
+	if strings.HasPrefix(url, "https://") {
+		// The box's HTTPS GETs are probes, and a kubelet's probe does
+		// not verify the server's certificate either.
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // a probe, as the kubelet's
+	}
 	defer tr.CloseIdleConnections()
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {

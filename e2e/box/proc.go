@@ -32,7 +32,8 @@ type Process struct {
 	env     []string
 	logPath string
 
-	// mu guards cmd, exited and waitErr.
+	// mu guards cmd, exited, waitErr and argv (which KubeProxy.SetMode
+	// replaces while the process is stopped).
 	mu sync.Mutex
 	// cmd is the running process, nil when stopped.
 	cmd *exec.Cmd

@@ -5,6 +5,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/proxyplane/proxyplane/e2e/box"
 )
 
 // testGRPCurl drives the live replicas with grpcurl from inside host-0,
@@ -115,6 +119,14 @@ func (e *env) testGRPCurl(t *testing.T) {
 	// health stay open; in plaintext nothing answers at all.
 	addr := b.ControlPlanes[0].LocalGRPCAddr()
 	tlsOnly := []string{"-cacert", b.CAFile(), "-authority", b.ServerName()}
+	// The debug identity's token for the API server's own audience, what
+	// `kubectl create token` gives without --audience, is refused: no
+	// caller hands a replica a token that works against the API server.
+	apiToken, err := b.Token(ctx, types.NamespacedName{Namespace: b.Deployment().Namespace, Name: box.DebugServiceAccount}, nil, nil, tokenSeconds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withAPIToken := append(slices.Clone(tlsOnly), "-H", "authorization: Bearer "+apiToken.Status.Token)
 	refused := []struct {
 		name string
 		args []string
@@ -122,6 +134,7 @@ func (e *env) testGRPCurl(t *testing.T) {
 	}{
 		{"ListNodes without a token", append(slices.Clone(tlsOnly), addr, "proxyplane.v1.TableService/ListNodes"), "Code: Unauthenticated"},
 		{"WatchTable without a token", append(slices.Clone(tlsOnly), "-max-time", "2", "-d", `{"node_name": "node-0"}`, addr, "proxyplane.v1.TableService/WatchTable"), "Code: Unauthenticated"},
+		{"ListNodes with a token for the API server", append(slices.Clone(withAPIToken), addr, "proxyplane.v1.TableService/ListNodes"), "Code: Unauthenticated"},
 		{"plaintext", []string{"-plaintext", addr, "proxyplane.v1.TableService/ListNodes"}, "Failed to dial target host"},
 		{"without the CA bundle", []string{"-authority", b.ServerName(), addr, "proxyplane.v1.TableService/ListNodes"}, "certificate signed by unknown authority"},
 		{"without the server name", []string{"-cacert", b.CAFile(), addr, "proxyplane.v1.TableService/ListNodes"}, "doesn't contain any IP SANs"},

@@ -102,38 +102,17 @@ func (e *env) testMigration(t *testing.T) {
 
 	// 2. Steady probes for the whole migration, there and back.
 	podNS := tp.PodNS(podOn(b, k))
-	probes := []struct {
-		name string
-		p    *box.Probe
-	}{
-		{"client->clusterip", b.StartProbe(tp.ClientNS(), clusterAddr, probeInterval, probeTimeout, probeMaxDials)},
-		{"client->nodeport", b.StartProbe(tp.ClientNS(), nodePortAddr, probeInterval, probeTimeout, probeMaxDials)},
-		{node.Name() + "->clusterip", b.StartProbe(ns, clusterAddr, probeInterval, probeTimeout, probeMaxDials)},
-		{node.Name() + "->nodeport", b.StartProbe(ns, nodePortAddr, probeInterval, probeTimeout, probeMaxDials)},
-		{podName(podOn(b, k)) + "->clusterip", b.StartProbe(podNS, clusterAddr, probeInterval, probeTimeout, probeMaxDials)},
-	}
-	stopped := false
-	stopProbes := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		for _, pr := range probes {
-			r := pr.p.Stop()
-			figure(t, "migration-probe", "path=%s dials=%d failed=%d over=%s", pr.name, r.Dials, r.Failures, ms(r.Duration))
-			if r.Failures != 0 {
-				t.Errorf("probe %s: %d of %d connections failed during the migration; first: %v", pr.name, r.Failures, r.Dials, r.Errors)
-			}
-		}
-	}
-	defer stopProbes()
+	probes := startPathProbes(t, b, "migration-probe", "", "during the migration",
+		probePath{"client->clusterip", tp.ClientNS(), clusterAddr},
+		probePath{"client->nodeport", tp.ClientNS(), nodePortAddr},
+		probePath{node.Name() + "->clusterip", ns, clusterAddr},
+		probePath{node.Name() + "->nodeport", ns, nodePortAddr},
+		probePath{podName(podOn(b, k)) + "->clusterip", podNS, clusterAddr},
+	)
+	defer probes.stop()
 	waitProbes := func(n int) {
 		t.Helper()
-		for _, pr := range probes {
-			if err := pr.p.WaitDials(ctx, n); err != nil {
-				t.Fatal(err)
-			}
-		}
+		probes.wait(ctx, n)
 	}
 	waitProbes(5)
 	counts := func(chain string) uint64 { return serviceRuleHits(t, tp, ns, chain, clusterIP, box.ServicePort) }
@@ -161,27 +140,11 @@ func (e *env) testMigration(t *testing.T) {
 	if n := strings.Count(a.LogTail(200), "port in use"); n != 2 {
 		t.Errorf("the agent logged %d ports in use beside kube-proxy, want 2 (10256 and 10249):\n%s", n, a.LogTail(20))
 	}
-	newConnsGo(ctx, t, probes[0].p, counts, "PP-SERVICES", "KUBE-SERVICES")
+	newConnsGo(ctx, t, probes.probe(0), counts, "PP-SERVICES", "KUBE-SERVICES")
 	figure(t, "migration-takeover", "to=proxyplane node=%s rules-on-top=%s programmed-and-acked=%s", node.Name(), ms(takeover), ms(time.Since(start)))
 
-	if err := kp.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	stoppedAt := time.Now()
-	if err := box.Eventually(ctx, func() error {
-		s, err := a.State(ctx)
-		if err != nil {
-			return err
-		}
-		if !s.Connected {
-			return errors.New("10249 does not serve a connected agent's metrics yet")
-		}
-		_, err = a.Healthz(ctx)
-		return err
-	}); err != nil {
-		t.Fatalf("the agent never took 10249 and 10256 after kube-proxy stopped: %v\n%s", err, a.LogTail(20))
-	}
-	figure(t, "migration-ports", "to=proxyplane node=%s served-after=%s", node.Name(), ms(time.Since(stoppedAt)))
+	portsAfter := stopKubeProxyForAgent(ctx, t, kp, a)
+	figure(t, "migration-ports", "to=proxyplane node=%s served-after=%s", node.Name(), ms(portsAfter))
 	if out, err := kp.Cleanup(); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -199,12 +162,12 @@ func (e *env) testMigration(t *testing.T) {
 	if !kp.Running() {
 		t.Fatalf("kube-proxy exited beside the agent:\n%s", kp.LogTail(20))
 	}
-	newConnsGo(ctx, t, probes[0].p, counts, "KUBE-SERVICES", "PP-SERVICES")
+	newConnsGo(ctx, t, probes.probe(0), counts, "KUBE-SERVICES", "PP-SERVICES")
 	figure(t, "migration-takeover", "to=kube-proxy node=%s rules-on-top=%s", node.Name(), ms(takeover))
 	if err := a.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stoppedAt = time.Now()
+	stoppedAt := time.Now()
 	if out, err := tp.Exec(ns, a.Args()[0], "--cleanup"); err != nil {
 		t.Fatalf("nodeagent --cleanup: %v\n%s", err, out)
 	}
@@ -217,7 +180,7 @@ func (e *env) testMigration(t *testing.T) {
 	figure(t, "migration-ports", "to=kube-proxy node=%s served-after=%s", node.Name(), ms(time.Since(stoppedAt)))
 	echoes.exchange(t, "after proxyplane's rules were removed")
 	waitProbes(10)
-	stopProbes()
+	probes.stop()
 }
 
 // kubeletChains are the chains kube-proxy creates for the kubelet (its
@@ -548,4 +511,84 @@ func hasKey(key string) func(string, *pb.Snapshot) error {
 		}
 		return fmt.Errorf("no entry %s", key)
 	}
+}
+
+// probePath is a path a steady probe dials: from network namespace ns to
+// addr, named for the figures and errors.
+type probePath struct{ name, ns, addr string }
+
+// pathProbes are steady probes of named paths for the whole of a
+// scenario, in which no connection may fail.
+type pathProbes struct {
+	t *testing.T
+	// figure names the figure each path's result is logged as, with
+	// fields in front of the path's; during says when, in errors.
+	figure, fields, during string
+	paths                  []probePath
+	probes                 []*box.Probe
+	stopped                bool
+}
+
+// startPathProbes starts a probe on each path.
+func startPathProbes(t *testing.T, b *box.Box, figure, fields, during string, paths ...probePath) *pathProbes {
+	t.Helper()
+	pp := &pathProbes{t: t, figure: figure, fields: fields, during: during, paths: paths}
+	for _, p := range paths {
+		pp.probes = append(pp.probes, b.StartProbe(p.ns, p.addr, probeInterval, probeTimeout, probeMaxDials))
+	}
+	return pp
+}
+
+// probe returns the probe of the i-th path.
+func (pp *pathProbes) probe(i int) *box.Probe { return pp.probes[i] }
+
+// wait waits until every probe has dialled n times.
+func (pp *pathProbes) wait(ctx context.Context, n int) {
+	pp.t.Helper()
+	for _, p := range pp.probes {
+		if err := p.WaitDials(ctx, n); err != nil {
+			pp.t.Fatal(err)
+		}
+	}
+}
+
+// stop stops the probes, logs each path's figure and fails the test for
+// any failed connection; calls after the first do nothing.
+func (pp *pathProbes) stop() {
+	if pp.stopped {
+		return
+	}
+	pp.stopped = true
+	for i, p := range pp.probes {
+		r := p.Stop()
+		figure(pp.t, pp.figure, "%spath=%s dials=%d failed=%d over=%s", pp.fields, pp.paths[i].name, r.Dials, r.Failures, ms(r.Duration))
+		if r.Failures != 0 {
+			pp.t.Errorf("probe %s: %d of %d connections failed %s; first: %v", pp.paths[i].name, r.Failures, r.Dials, pp.during, r.Errors)
+		}
+	}
+}
+
+// stopKubeProxyForAgent stops kp and waits until a, which ran beside it,
+// serves kube-proxy's ports 10249 and 10256 as a connected agent; it
+// returns how long after the stop that took.
+func stopKubeProxyForAgent(ctx context.Context, t *testing.T, kp *box.KubeProxy, a *box.Agent) time.Duration {
+	t.Helper()
+	if err := kp.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stoppedAt := time.Now()
+	if err := box.Eventually(ctx, func() error {
+		s, err := a.State(ctx)
+		if err != nil {
+			return err
+		}
+		if !s.Connected {
+			return errors.New("10249 does not serve a connected agent's metrics yet")
+		}
+		_, err = a.Healthz(ctx)
+		return err
+	}); err != nil {
+		t.Fatalf("the agent never took 10249 and 10256 after kube-proxy stopped: %v\n%s", err, a.LogTail(20))
+	}
+	return time.Since(stoppedAt)
 }

@@ -224,7 +224,7 @@ func (e *env) testAuthentication(t *testing.T) {
 	}
 
 	t.Run("DebugRPCs", func(t *testing.T) {
-		noRBAC, err := b.Token(ctx, b.AgentServiceAccount(), nil, nil, tokenSeconds)
+		noRBAC, err := b.Token(ctx, b.AgentServiceAccount(), audience, nil, tokenSeconds)
 		if err != nil {
 			t.Fatal(err)
 		}

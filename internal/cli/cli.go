@@ -43,13 +43,25 @@ func Usage(fs *pflag.FlagSet, w io.Writer, err error) int {
 	return 2
 }
 
-// Version returns the build's version: stamped, when the build set it
-// (-ldflags -X, as the images do), else the module version when built
-// from a tagged module, else the VCS revision (with "+dirty" for
-// uncommitted changes), else "dev".
+// gitVersion is the version `make build` and the images stamp into both
+// binaries, as Kubernetes components stamp theirs: `git describe --tags
+// --always --dirty`, through
+// -ldflags '-X github.com/proxyplane/proxyplane/internal/cli.gitVersion=...'.
+// The Go toolchain's own VCS stamping cannot stand in for it: GOFLAGS may
+// turn it off (-buildvcs=false), and a build from a source archive has
+// no repository to read.
+var gitVersion string
+
+// Version returns the build's version: stamped, when the caller was
+// given one, else gitVersion, else the module version when built from a
+// tagged module, else the VCS revision the Go toolchain recorded (with
+// "+dirty" for uncommitted changes), else "dev".
 func Version(stamped string) string {
 	if stamped != "" {
 		return stamped
+	}
+	if gitVersion != "" {
+		return gitVersion
 	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {

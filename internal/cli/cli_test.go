@@ -49,6 +49,14 @@ func TestVersion(t *testing.T) {
 	if got := Version(""); got == "" {
 		t.Error("Version without a stamp is empty, want the build's or dev")
 	}
+	defer func(v string) { gitVersion = v }(gitVersion)
+	gitVersion = "v0.3.0-12-gabcdef012345-dirty"
+	if got := Version(""); got != gitVersion {
+		t.Errorf("Version with the build's git version = %q, want %q", got, gitVersion)
+	}
+	if got := Version("v1.2.3"); got != "v1.2.3" {
+		t.Errorf("Version with a stamp and a git version = %q, want the stamp", got)
+	}
 }
 
 func TestLogging(t *testing.T) {

@@ -23,6 +23,9 @@ const (
 	AfterProgram = "after-program"
 	// BeforeAck is as the ACK is about to be sent.
 	BeforeAck = "before-ack"
+	// MidSweep is after the agent, its own mode in force, removed the
+	// first of the rules another mode left, before the rest.
+	MidSweep = "mid-sweep"
 )
 
 // armed is read once: a failpoint is chosen when the process starts.

@@ -122,7 +122,13 @@ var flowCases = []flowCase{
 		objects: plain("wrongport", allPods),
 		check: func(r *run) {
 			addr := nstest.HostPort(r.f.clusterIP(r.idx), servicePort+1)
-			_, err := r.tp.DialTCP(r.pod(0), addr, dropTimeout)
+			// A refusal is an ICMP port unreachable, as upstream's, which
+			// IPv6 reports about a second late (see nstest).
+			timeout := dropTimeout
+			if r.kind.rejectsUnknownPorts {
+				timeout = dialTimeout
+			}
+			_, err := r.tp.DialTCP(r.pod(0), addr, timeout)
 			switch {
 			case r.kind.rejectsUnknownPorts && !nstest.IsRefused(err):
 				r.Errorf("dial %s: got %v, want refused", addr, err)
@@ -283,6 +289,55 @@ var flowCases = []flowCase{
 			// keep sending these flows to pod-1.
 			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-3")
 			r.expectUDPFrom(r.pod(2), r.staleSourcePort(), r.service(), "pod-3")
+		},
+	},
+	{
+		// Upstream keeps a UDP flow to any serving endpoint: topology
+		// decides where new flows go, not where old ones end.
+		name:    "a UDP flow keeps its serving endpoint when topology hints take it out of the node's set",
+		objects: plain("udp-topology", []ep{ready(3)}),
+		check: func(r *run) {
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-3")
+			r.expectUDPFrom(r.pod(1), r.staleSourcePort(), r.service(), "pod-3")
+		},
+		update: plain("udp-topology", []ep{ready(0).zone("zone-a"), ready(3).zone("zone-b")},
+			fixed(trafficDistribution("PreferClose"))),
+		after: func(r *run) {
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-3")
+			r.expectUDPFrom(r.pod(1), r.staleSourcePort(), r.service(), "pod-3")
+			// New flows from zone-a's node follow the hints.
+			r.expectSpreadUDP(r.pod(1), r.service(), "pod-0")
+		},
+	},
+	{
+		name:    "a UDP flow keeps its endpoint while it terminates and still serves",
+		objects: plain("udp-terminating", []ep{ready(1)}),
+		check: func(r *run) {
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-1")
+			r.expectUDPFrom(r.pod(2), r.staleSourcePort(), r.service(), "pod-1")
+		},
+		update: plain("udp-terminating", []ep{terminating(1, true), ready(3)}),
+		after: func(r *run) {
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-1")
+			r.expectUDPFrom(r.pod(2), r.staleSourcePort(), r.service(), "pod-1")
+			r.expectSpreadUDP(r.pod(2), r.service(), "pod-3")
+		},
+	},
+	{
+		// Upstream v1.36 skips a Service without endpoints, so these flows
+		// would stay on pod-1 for as long as their senders keep them
+		// alive; kubernetes #139629 (a regression fix, June 2026) cleans
+		// them, and so does proxyplane (see nodeagent/conntrack).
+		name:    "a UDP flow is refused, not kept on its endpoint, when its Service scales to zero",
+		objects: plain("udp-to-zero", []ep{ready(1)}),
+		check: func(r *run) {
+			r.expectUDPFrom(r.client(), r.staleSourcePort(), r.service(), "pod-1")
+			r.expectUDPFrom(r.pod(2), r.staleSourcePort(), r.service(), "pod-1")
+		},
+		update: plain("udp-to-zero", nil),
+		after: func(r *run) {
+			r.expectUDPRefusedFrom(r.client(), r.staleSourcePort(), r.service())
+			r.expectUDPRefusedFrom(r.pod(2), r.staleSourcePort(), r.service())
 		},
 	},
 	{
@@ -467,6 +522,15 @@ func (r *run) expectUDPFrom(ns string, srcPort int, addr, backend string) {
 	}
 	if reply.Backend != backend {
 		r.Errorf("from %s port %d to %s: reached %s, want %s", label(ns), srcPort, addr, reply.Backend, backend)
+	}
+}
+
+// expectUDPRefusedFrom sends one datagram from ns and source port srcPort
+// and checks that it was refused.
+func (r *run) expectUDPRefusedFrom(ns string, srcPort int, addr string) {
+	r.Helper()
+	if reply, err := r.tp.DialUDPFrom(ns, srcPort, addr, dialTimeout); !nstest.IsRefused(err) {
+		r.Errorf("from %s port %d to %s: got %+v, %v, want refused", label(ns), srcPort, addr, reply, err)
 	}
 }
 

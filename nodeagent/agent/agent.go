@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -33,8 +34,13 @@ type Config struct {
 	// RetryMin and RetryMax bound the backoff of a failed full sync.
 	RetryMin, RetryMax time.Duration
 	// ControlPlaneTimeout is how long /healthz stays healthy while no
-	// control plane answers (Health); 0 forever.
+	// control plane answers (Health); 0 forever. Used when Health is nil.
 	ControlPlaneTimeout time.Duration
+	// Health is the tracker the agent reports table changes and syncs to;
+	// nil makes one with twice SyncPeriod as its timeout, as kube-proxy's.
+	// The caller passes its own to report each family's syncs to it as
+	// well (Health.Synced, from the dataplane's Observer).
+	Health *Health
 	// AfterSync run, in order on the agent's goroutine, after each table is
 	// programmed (deltas and full syncs alike), as kube-proxy updates its
 	// healthCheckNodePort server and cleans stale conntrack entries after
@@ -44,6 +50,11 @@ type Config struct {
 	// Families are the IP families the dataplane programs, for the
 	// metrics kube-proxy labels with ip_family.
 	Families []dataplane.Family
+	// Policy is what the agent requires of a table beyond its structure:
+	// hashes that are their content's, and nothing that captures the
+	// control plane or the node's own ports. Tables it refuses are
+	// NACKed, and a cached one is not programmed. Nil checks nothing.
+	Policy *proxytable.Policy
 }
 
 // Agent owns the table in force. Create it with New and run it with Run.
@@ -79,7 +90,21 @@ type request struct {
 // New returns an agent starting from cached, the table loaded from the
 // cache (nil when none). Run programs it before anything else.
 func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Table, log *slog.Logger) *Agent {
-	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: NewHealth(2*cfg.SyncPeriod, cfg.ControlPlaneTimeout), reqs: make(chan request), started: make(chan struct{})}
+	health := cfg.Health
+	if health == nil {
+		health = NewHealth(2*cfg.SyncPeriod, cfg.ControlPlaneTimeout, cfg.Families, time.Now())
+	}
+	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: health, reqs: make(chan request), started: make(chan struct{})}
+	if cached != nil {
+		if err := cfg.Policy.Check(cached, nil); err != nil {
+			// Programming it could cut the node off from the control
+			// plane for good (it would be programmed again at every
+			// start): start empty, as with a corrupt cache, and wait
+			// for a table.
+			log.Error("the cached table breaks the agent's policy; not programming it, waiting for the control plane", "version", cached.Version, "err", err)
+			cached = nil
+		}
+	}
 	if cached == nil {
 		cached = proxytable.Empty()
 	}
@@ -143,6 +168,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		timer.Reset(wait)
 	}
+	if a.saved.Version != "" {
+		// The cached table is a change to program, as kube-proxy's first
+		// sync after its informers synced: if the kernel refuses it for
+		// longer than the timeout, /livez fails. Without a cache nothing
+		// is pending, and the agent is live while it waits for a table.
+		a.health.Queued(time.Now())
+	}
 	fullSync() // the cached table, before anything else
 	close(a.started)
 	for {
@@ -170,6 +202,16 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 		next, changed, err = cur.Apply(resp.GetDelta())
 	default:
 		err = fmt.Errorf("%w: not a table response", proxytable.ErrInvalidTable)
+	}
+	if err == nil {
+		// The whole table for a snapshot, the upserts for a delta: the
+		// rest was checked when it came, unless the replicas the table
+		// names moved, which every entry must leave alone.
+		check := changed
+		if cur != nil && !slices.Equal(cur.Node.GetControlPlaneAddresses(), next.Node.GetControlPlaneAddresses()) {
+			check = nil
+		}
+		err = a.cfg.Policy.Check(next, check)
 	}
 	if err != nil {
 		return err // nothing to program: health is unaffected
@@ -221,7 +263,7 @@ func (a *Agent) sync(ctx context.Context, t *proxytable.Table, changed []string,
 		metrics.AppliedVersion.WithLabelValues(t.Version).Set(1)
 		a.reported = t.Version
 	}
-	a.health.Updated(time.Now(), t.Node.GetToBeDeleted())
+	a.health.Updated(time.Now(), t.Node.GetToBeDeleted() || t.Node.GetUnregistered())
 	for _, f := range a.cfg.AfterSync {
 		f(ctx, t)
 	}

@@ -235,49 +235,6 @@ func TestNoTableNoSync(t *testing.T) {
 	}
 }
 
-func TestHealth(t *testing.T) {
-	start := time.Unix(1000, 0)
-	h := &Health{timeout: time.Minute, controlPlaneTimeout: 10 * time.Minute, oldestPending: start, lostControlPlane: start}
-	steps := []struct {
-		name              string
-		do                func()
-		at                time.Duration
-		live, healthy, el bool
-	}{
-		{"before the timeout", func() {}, 59 * time.Second, true, true, true},
-		{"a change pending past the timeout", func() {}, 61 * time.Second, false, false, true},
-		{"after a sync", func() { h.Updated(start.Add(70*time.Second), false) }, 2 * time.Minute, true, true, true},
-		{"no control plane past its timeout: not healthy, still live", func() {}, 10*time.Minute + time.Second, true, false, true},
-		{"a control plane answers", func() { h.ControlPlane(true, start.Add(11*time.Minute)) }, 11 * time.Minute, true, true, true},
-		{"it goes away", func() { h.ControlPlane(false, start.Add(12*time.Minute)) }, 21 * time.Minute, true, true, true},
-		{"and stays away past the timeout", func() { h.ControlPlane(false, start.Add(15*time.Minute)) }, 22*time.Minute + time.Second, true, false, true},
-		{"back, and the node is being deleted", func() {
-			h.ControlPlane(true, start.Add(23*time.Minute))
-			h.Updated(start.Add(23*time.Minute), true)
-		}, 23 * time.Minute, true, false, false},
-		{"the oldest pending change counts", func() {
-			h.Updated(start.Add(24*time.Minute), false)
-			h.Queued(start.Add(25 * time.Minute))
-			h.Queued(start.Add(26 * time.Minute))
-		}, 26*time.Minute + 30*time.Second, false, false, true},
-	}
-	for _, s := range steps {
-		s.do()
-		st := h.Check(start.Add(s.at))
-		if st.Live != s.live || st.Healthy != s.healthy || st.NodeEligible != s.el {
-			t.Errorf("%s: %+v, want live %v, healthy %v, eligible %v", s.name, st, s.live, s.healthy, s.el)
-		}
-	}
-	if last := h.Check(start).LastUpdated; !last.Equal(start.Add(24 * time.Minute)) {
-		t.Errorf("LastUpdated %v, want the last sync", last)
-	}
-	never := &Health{timeout: time.Minute, oldestPending: start, lostControlPlane: start}
-	never.Updated(start, false)
-	if st := never.Check(start.Add(24 * time.Hour)); !st.Healthy {
-		t.Errorf("with no control plane timeout: %+v, want healthy (kube-proxy's behaviour)", st)
-	}
-}
-
 func TestSyncAfterAFailureIsFull(t *testing.T) {
 	r := newRecorder()
 	a := newAgent(r, nil)

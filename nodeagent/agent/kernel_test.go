@@ -14,6 +14,7 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/nstest"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 	"github.com/proxyplane/proxyplane/nodeagent/agent"
 	"github.com/proxyplane/proxyplane/nodeagent/cache"
 	"github.com/proxyplane/proxyplane/nodeagent/client"
@@ -86,16 +87,33 @@ func webService(topo *nstest.Topology, hash uint64, pods ...int) *pb.ServiceEntr
 	for _, i := range pods {
 		eps = append(eps, &pb.Endpoint{Ip: topo.PodIP(i).String(), Port: 8080, Ready: true, Serving: true})
 	}
-	return &pb.ServiceEntry{Key: "default/web", Hash: hash, Service: &pb.Service{
+	e := &pb.ServiceEntry{Key: "default/web", Hash: hash, Service: &pb.Service{
 		Namespace: "default", Name: "web", Type: pb.ServiceType_SERVICE_TYPE_CLUSTER_IP,
 		ClusterIps:            []string{clusterIP},
 		ExternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER, InternalTrafficPolicy: pb.TrafficPolicy_TRAFFIC_POLICY_CLUSTER,
 		Ports:            []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, HasEndpoints: len(eps) > 0}},
 		ClusterEndpoints: []*pb.PortEndpoints{{PortName: "http", Endpoints: eps}},
 	}}
+	// The agent recomputes hashes when it loads its cache: the hash
+	// must be the content's (hash only labels the call).
+	h, err := tablehash.Entry(e.Key, e.Service)
+	if err != nil {
+		panic(err)
+	}
+	e.Hash = h
+	return e
 }
 
-var node = &pb.NodeInfo{Name: "node-1", Hash: 7}
+// node carries its real hash, which the agent recomputes.
+var node = func() *pb.NodeInfo {
+	n := &pb.NodeInfo{Name: "node-1"}
+	h, err := tablehash.Node(n)
+	if err != nil {
+		panic(err)
+	}
+	n.Hash = h
+	return n
+}()
 
 func version(entries ...*pb.ServiceEntry) string {
 	sum := node.GetHash()

@@ -2,14 +2,17 @@ package app
 
 import (
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/pflag"
 
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/config"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/metrics"
@@ -120,5 +123,64 @@ func TestSettingsFor(t *testing.T) {
 	o, _ = parse(t)
 	if settingsFor(o, dataplane.IPv4).LocalhostNodePorts {
 		t.Error("localhost NodePorts on by default")
+	}
+}
+
+// TestSettingsForNodePortAddresses checks kube-proxy's two forms of
+// nodePortAddresses "primary", the flag and the file, and each mode's
+// default: primary in nftables mode, every address in the others.
+func TestSettingsForNodePortAddresses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.conf")
+	if err := os.WriteFile(path, []byte("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\nnodePortAddresses: [primary]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name        string
+		args        []string
+		wantPrimary bool
+		wantCIDRs   []string // IPv4's
+	}{
+		{name: "flag", args: []string{"--nodeport-addresses=primary"}, wantPrimary: true},
+		{name: "file", args: []string{"--config=" + path}, wantPrimary: true},
+		{name: "nftables default", args: []string{"--proxy-mode=nftables"}, wantPrimary: true},
+		{name: "iptables default", args: []string{"--proxy-mode=iptables"}},
+		{name: "ipvs default", args: []string{"--proxy-mode=ipvs"}},
+		{name: "nftables with CIDRs", args: []string{"--proxy-mode=nftables", "--nodeport-addresses=10.0.0.0/8,fd00::/64"}, wantCIDRs: []string{"10.0.0.0/8"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, fs := parse(t, append(tt.args, "--control-plane=10.0.0.5:9640")...)
+			if _, err := o.Complete(fs); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			s := settingsFor(o, dataplane.IPv4)
+			if s.NodePortPrimary != tt.wantPrimary || !slices.Equal(s.NodePortAddresses, tt.wantCIDRs) {
+				t.Errorf("settings: primary %v, addresses %q; want %v, %q", s.NodePortPrimary, s.NodePortAddresses, tt.wantPrimary, tt.wantCIDRs)
+			}
+			if err := s.Validate(); err != nil {
+				t.Errorf("settings Validate: %v", err)
+			}
+			// Health check ports follow the NodePorts.
+			hc := healthCheckAddresses(o, []dataplane.Family{dataplane.IPv4, dataplane.IPv6})
+			if (hc != nil) != tt.wantPrimary {
+				t.Fatalf("health check addresses per table: %v, want %v", hc != nil, tt.wantPrimary)
+			}
+			if hc != nil {
+				got := hc(&pb.NodeInfo{NodeIps: []string{"192.168.0.2"}})
+				if len(got) != 1 || got[0] != netip.MustParsePrefix("192.168.0.2/32") {
+					t.Errorf("health check addresses %v, want the IPv4 primary IP's /32 and every IPv6 address", got)
+				}
+			}
+		})
+	}
+	o, fs := parse(t, "--nodeport-addresses=primary,10.0.0.0/8", "--control-plane=10.0.0.5:9640")
+	if _, err := o.Complete(fs); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "can't use both") {
+		t.Errorf("Validate with primary and a CIDR = %v, want upstream's error", err)
 	}
 }

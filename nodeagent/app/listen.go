@@ -6,9 +6,47 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"syscall"
 	"time"
 )
+
+// Bounds on the agent's HTTP servers (/healthz on 10256, /metrics on
+// 10249). 10256 is reachable by anything that reaches the node, as
+// kube-proxy's is, for cloud load balancers' health checks; its clients
+// send one short GET and read a short answer. A client that opens
+// connections and sends nothing, a header a byte at a time, or never
+// reads is cut off by these rather than holding a goroutine and buffers
+// for as long as it likes.
+const (
+	// httpReadHeaderTimeout bounds the request line and headers,
+	// httpReadTimeout the whole request (a GET has no body).
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	// httpWriteTimeout bounds writing the answer: a scrape is tens of
+	// kilobytes.
+	httpWriteTimeout = 30 * time.Second
+	// httpIdleTimeout closes a kept-alive connection idle this long:
+	// load balancers probe every few seconds, Prometheus every 15 to 60.
+	httpIdleTimeout = 90 * time.Second
+	// httpMaxHeaderBytes: these requests carry no token and few headers;
+	// net/http's default is 1 MiB.
+	httpMaxHeaderBytes = 16 << 10
+)
+
+// boundedServer is an HTTP server for addr with every phase of a
+// connection bounded.
+func boundedServer(addr string, h http.Handler) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+	}
+}
 
 // portRetryInterval is how often the agent tries again to bind a port that
 // another process holds. kube-proxy retries every 5 s; one second keeps

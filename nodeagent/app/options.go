@@ -25,6 +25,7 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/client"
 	"github.com/proxyplane/proxyplane/nodeagent/config"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // Options configures the node agent. NewOptions sets the defaults, each
@@ -34,9 +35,10 @@ type Options struct {
 	// exits (kube-proxy's --cleanup): for leaving proxyplane, or going
 	// back to kube-proxy.
 	Cleanup bool
-	// ControlPlanes are the control plane addresses (host:port), tried in
-	// turn. They must not be a Service ClusterIP: the agent must reach the
-	// control plane without the rules it programs.
+	// ControlPlanes are the configured control plane addresses
+	// (host:port), tried in turn with those the control plane reports in
+	// each table: a seed. They must not be a Service ClusterIP: the agent
+	// must reach the control plane without the rules it programs.
 	ControlPlanes []string
 	// NodeName is this node's name.
 	NodeName string
@@ -57,7 +59,7 @@ type Options struct {
 	// it, and this turns it off for kernels or tools without it.
 	RandomFully bool
 	// ControlPlaneTimeout is how long /healthz stays healthy while no
-	// control plane answers; 0 forever.
+	// control plane answers; 0 (the default) forever.
 	ControlPlaneTimeout time.Duration
 	// FailbackInterval is how often an agent that failed over checks
 	// whether its preferred control plane replica serves again; 0 never.
@@ -78,6 +80,15 @@ type Options struct {
 	// TokenFile is the bearer token proving this node, read on every
 	// connect.
 	TokenFile string
+	// NodePortRange is the API server's --service-node-port-range: tables
+	// with a nodePort or healthCheckNodePort outside it are refused, so
+	// that no table takes a host port such as 22 or 2379.
+	NodePortRange string
+	// NodeAddressServicePorts lets external and load balancer IPs that
+	// are the node's own addresses take any port, as kube-proxy lets them
+	// (k3s's ServiceLB, Services exposing port 80 on node addresses);
+	// off, only node port range ports.
+	NodeAddressServicePorts bool
 
 	// proxyFlags are the names of the flags of Proxy, which --config
 	// overrides.
@@ -102,11 +113,14 @@ func NewOptions() *Options {
 		// Often enough that replicas are even again within a minute of a
 		// rollout; each check is one health RPC on a new connection.
 		FailbackInterval: 30 * time.Second,
-		// Long enough to ride out a control plane rollout or an API
-		// server upgrade many times over; short enough that a node cut
-		// off from the cluster's changes leaves load balancers' rotation
-		// within the hour. /livez never fails for it.
-		ControlPlaneTimeout: 30 * time.Minute,
+		// Off, as kube-proxy never fails /healthz for the API server's
+		// absence: cloud load balancers probe /healthz on every node, so
+		// any timeout would take every node out of every load balancer
+		// at the same moment of one control plane outage, while the
+		// rules in force keep forwarding. The staleness shows in
+		// proxyplane_agent_control_plane_last_answered_timestamp_seconds
+		// instead; operators may opt in.
+		ControlPlaneTimeout: 0,
 		IPTablesBackend:     "auto",
 		Logging:             cli.DefaultLogging(),
 		// Where deploy/nodeagent.yaml mounts the proxyplane-ca ConfigMap,
@@ -119,6 +133,8 @@ func NewOptions() *Options {
 		// Where deploy/nodeagent.yaml projects the agent's token (audience
 		// proxyplane, bound to its pod and so to its node).
 		TokenFile: "/var/run/secrets/proxyplane/token",
+		// The API server's default.
+		NodePortRange: proxytable.DefaultNodePortRange.String(),
 	}
 }
 
@@ -127,7 +143,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1, as kubeadm's kube-proxy ConfigMap holds). As kube-proxy, the flags it covers are then ignored, except the logging flags and --node-name/--hostname-override.")
 	fs.BoolVar(&o.InitOnly, "init-only", o.InitOnly, "Set the conntrack sysctls (which needs a writable /proc/sys) and exit, as kube-proxy's --init-only; the agent then needs only NET_ADMIN and NET_RAW.")
 	fs.BoolVar(&o.Cleanup, "cleanup", o.Cleanup, "Remove every rule proxyplane programs, in every mode and family (iptables chains and jumps, the nftables tables, IPVS virtual servers, addresses and sets), and exit.")
-	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP.")
+	fs.StringSliceVar(&o.ControlPlanes, "control-plane", o.ControlPlanes, "Control plane address (host:port); repeat or comma-separate for failover. Not a Service ClusterIP. A seed: the agent also dials the replica addresses the control plane reports in each table, kept in its cache.")
 	fs.StringVar(&o.NodeName, "node-name", o.NodeName, "This node's name (default: $NODE_NAME, else the hostname).")
 	fs.StringVar(&o.NodeName, "hostname-override", o.NodeName, "kube-proxy's name for --node-name.")
 	fs.StringVar(&o.StateDir, "state-dir", o.StateDir, "Directory holding the table cache.")
@@ -136,13 +152,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.addProxyFlags(pfs)
 	pfs.VisitAll(func(f *pflag.Flag) { o.proxyFlags = append(o.proxyFlags, f.Name) })
 	fs.AddFlagSet(pfs)
-	fs.DurationVar(&o.ControlPlaneTimeout, "control-plane-timeout", o.ControlPlaneTimeout, "How long /healthz stays healthy while no control plane answers (the rules in force keep forwarding; /livez is unaffected); 0 forever, as kube-proxy never fails for the API server's absence.")
+	fs.DurationVar(&o.ControlPlaneTimeout, "control-plane-timeout", o.ControlPlaneTimeout, "How long /healthz stays healthy while no control plane answers (the rules in force keep forwarding; /livez and /readyz are unaffected). 0 (the default): forever, as kube-proxy never fails for the API server's absence; a timeout fails every node's /healthz at once in a control plane outage, taking them all out of load balancers.")
 	fs.DurationVar(&o.FailbackInterval, "failback-interval", o.FailbackInterval, "How often an agent streaming from a replica other than its preferred one checks whether the preferred one serves again, and returns to it; 0 never.")
 	fs.StringVar(&o.IPTablesBackend, "iptables-backend", o.IPTablesBackend, "iptables backend: auto, nft or legacy.")
 	o.Logging.AddFlags(fs)
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "PEM bundle the control plane's serving certificate must chain to; read on every connect.")
 	fs.StringVar(&o.TLSServerName, "tls-server-name", o.TLSServerName, "Name the control plane's serving certificate must carry.")
 	fs.StringVar(&o.TokenFile, "token-file", o.TokenFile, "Bearer token proving this node to the control plane (a projected ServiceAccount token); read on every connect.")
+	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The API server's --service-node-port-range: tables with a nodePort or healthCheckNodePort outside it are refused (NACKed), so that no table takes a host port.")
+	fs.BoolVar(&o.NodeAddressServicePorts, "allow-node-address-service-ports", o.NodeAddressServicePorts, "Let external and load balancer IPs that are this node's own addresses take any port, as kube-proxy does (load balancers handing out node addresses, such as k3s's ServiceLB); by default they may take node port range ports only, so that no table takes a host port such as 22.")
 	fs.BoolVar(&o.Insecure, "insecure", o.Insecure, "TESTS ONLY: plaintext to the control plane and no token. Anyone on the path can then read this node's table, and anyone answering on a control plane address can program any rule on this node.")
 }
 
@@ -164,7 +182,7 @@ func (o *Options) addProxyFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&p.MasqueradeBit, "iptables-masquerade-bit", p.MasqueradeBit, "kube-proxy's name for --masquerade-bit.")
 	fs.BoolVar(&p.MasqueradeAll, "masquerade-all", p.MasqueradeAll, "Masquerade all traffic to Service ClusterIPs (some CNI plugins need it).")
 	fs.BoolVar(&p.LocalhostNodePorts, "iptables-localhost-nodeports", p.LocalhostNodePorts, "Accept NodePorts on 127.0.0.1 in iptables mode (IPv4 only; sets route_localnet=1 and drops martians), kube-proxy's default; off by default here (docs/semantics.md).")
-	fs.StringSliceVar(&p.NodePortAddresses, "nodeport-addresses", p.NodePortAddresses, "CIDRs whose local addresses accept NodePorts; empty for all.")
+	fs.StringSliceVar(&p.NodePortAddresses, "nodeport-addresses", p.NodePortAddresses, "CIDRs whose local addresses accept NodePorts, or 'primary' alone for the node's primary IPs (from its Node object, as the control plane sends them, or --bind-address). Unset: every local address, except in nftables mode, where it means 'primary', as kube-proxy's defaults.")
 	fs.DurationVar(&p.SyncPeriod, "sync-period", p.SyncPeriod, "Interval between full syncs of the kernel rules.")
 	fs.IntVar(&ct.MaxPerCore, "conntrack-max-per-core", ct.MaxPerCore, "nf_conntrack_max per CPU (0 leaves it and ignores --conntrack-min).")
 	fs.IntVar(&ct.Min, "conntrack-min", ct.Min, "Least nf_conntrack_max, whatever --conntrack-max-per-core gives.")
@@ -270,9 +288,9 @@ func (o *Options) Validate() error {
 	if _, err := parseCIDRs(o.ClusterCIDRs); err != nil {
 		errs = append(errs, fmt.Errorf("--cluster-cidr: %w", err))
 	}
-	if cidrs, err := parseCIDRs(o.NodePortAddresses); err != nil {
+	if err := config.ValidateNodePortAddresses(o.NodePortAddresses); err != nil {
 		errs = append(errs, fmt.Errorf("--nodeport-addresses: %w", err))
-	} else if err := o.validateLoopbackNodePorts(cidrs); err != nil {
+	} else if err := o.validateLoopbackNodePorts(o.NodePortCIDRs()); err != nil {
 		errs = append(errs, err)
 	}
 	switch o.DetectLocalMode {
@@ -290,6 +308,9 @@ func (o *Options) Validate() error {
 	}
 	if o.FailbackInterval < 0 {
 		errs = append(errs, fmt.Errorf("--failback-interval %s: want 0 or more", o.FailbackInterval))
+	}
+	if _, err := proxytable.ParsePortRange(o.NodePortRange); err != nil {
+		errs = append(errs, fmt.Errorf("--service-node-port-range: %w", err))
 	}
 	if o.SyncPeriod < time.Second {
 		errs = append(errs, fmt.Errorf("--sync-period %s: want at least 1s", o.SyncPeriod))

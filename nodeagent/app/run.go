@@ -2,17 +2,13 @@ package app
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,13 +33,9 @@ import (
 	"github.com/proxyplane/proxyplane/nodeagent/sysctl"
 )
 
-// Version is the agent's version as the build stamped it (-ldflags -X, as
-// the image does); empty otherwise. BuildVersion is what it reports.
-var Version string
-
-// BuildVersion returns the agent's version: Version, or what the Go build
-// recorded (cli.Version). The hello and --version report it.
-func BuildVersion() string { return cli.Version(Version) }
+// BuildVersion returns the agent's version as the build stamped it (make
+// build and the images: cli.Version). The hello and --version report it.
+func BuildVersion() string { return cli.Version("") }
 
 // Run runs the node agent until ctx ends. o must be valid.
 func Run(ctx context.Context, o *Options, log *slog.Logger) error {
@@ -61,10 +53,24 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 				"family", f)
 		}
 	}
-	dp, err := newDataplane(o, families)
+	// The health tracker hears of each family's syncs from the
+	// dataplane, as each of kube-proxy's proxiers reports its own.
+	health := newHealth(o, families, time.Now())
+	dps, err := newDataplanes(o, families, func(r dataplane.SyncResult) {
+		metrics.ObserveSync(r)
+		if r.Err == nil {
+			health.Synced(r.Family, time.Now())
+		}
+	})
 	if err != nil {
+		// Before anything is touched: a mode that cannot run here (IPVS
+		// on a kernel without it) leaves the old mode's rules in force.
 		return err
 	}
+	dp := dataplane.Join(dps...)
+	// What other modes and backends left goes only after this mode's
+	// first successful sync (switch.go).
+	sweep := newSweeper(o, families, dps, log)
 	// The cache is loaded, and programmed by the agent, before the control
 	// plane is contacted: the node forwards even when none is reachable.
 	c, cached, err := cache.Open(o.CachePath(), log.With("component", "cache"))
@@ -77,30 +83,35 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	}
 	// The health check server and the conntrack cleaners follow the table
 	// in force: the agent hands them each table after programming it.
-	var a *agent.Agent
-	nodePortAddresses, _ := parseCIDRs(o.NodePortAddresses) // Validate parsed them
 	hc := healthcheck.New(healthcheck.Config{
-		NodePortAddresses: nodePortAddresses,
-		Healthy:           func() bool { return a.Health().Check(time.Now()).Live },
+		NodePortAddresses:    o.NodePortCIDRs(),
+		NodePortAddressesFor: healthCheckAddresses(o, families),
+		Healthy:              func() bool { return health.Check(time.Now()).Live },
 	}, log.With("component", "healthcheck"))
 	defer func() { _ = hc.Close() }()
 	var cleaners []*conntrack.Cleaner
 	for _, f := range families {
 		cleaners = append(cleaners, conntrack.New(f, log.With("component", "conntrack", "family", f)))
 	}
-	a = agent.New(agent.Config{
+	a := agent.New(agent.Config{
 		SyncPeriod: o.SyncPeriod, RetryMin: time.Second, RetryMax: o.SyncPeriod,
-		ControlPlaneTimeout: o.ControlPlaneTimeout,
-		AfterSync:           afterSync(hc, families, cleaners, log),
-		Families:            families,
+		Health:    health,
+		AfterSync: append(afterSync(hc, families, cleaners, log), sweep.afterSync),
+		Families:  families,
+		Policy:    o.policy(ctx, log),
 	}, dp, c, cached, log.With("component", "agent"))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics.Register(reg, o.ProxyMode)
+	metrics.ObserveConnected(false, time.Now())
+	configz, err := newConfigz(o)
+	if err != nil {
+		return err
+	}
 	servers := []*http.Server{
-		{Addr: o.HealthzBindAddress, Handler: healthHandler(a.Health()), ReadHeaderTimeout: 10 * time.Second},
-		{Addr: o.MetricsBindAddress, Handler: metricsHandler(reg, o.ProxyMode), ReadHeaderTimeout: 10 * time.Second},
+		boundedServer(o.HealthzBindAddress, healthHandler(health, time.Now)),
+		boundedServer(o.MetricsBindAddress, metricsHandler(reg, o.ProxyMode, configz)),
 	}
 
 	// Listen before starting anything, so a wrong address fails cleanly;
@@ -129,7 +140,11 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			return nil
 		}
 		return client.Run(ctx, client.Options{
+			// The configured addresses are a seed: the client dials those
+			// the control plane reports too, from the cached table until
+			// one is in force.
 			Addresses: o.ControlPlanes,
+			Cached:    cached,
 			NodeName:  o.NodeName,
 			Capabilities: &pb.Capabilities{
 				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: BuildVersion(),
@@ -141,8 +156,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			FailbackInterval:    o.FailbackInterval,
 			MaxRecvMessageBytes: 64 << 20,
 			OnConnected: func(up bool) {
-				metrics.Connected.Set(map[bool]float64{true: 1, false: 0}[up])
-				a.Health().ControlPlane(up, time.Now())
+				now := time.Now()
+				metrics.ObserveConnected(up, now)
+				health.ControlPlane(up, now)
 			},
 		}, a, log.With("component", "client"))
 	})
@@ -249,59 +265,77 @@ var modes = map[string]func(o *Options, s dataplane.Settings, observe dataplane.
 		cfg := ipvs.DefaultConfig(s.Family)
 		cfg.Settings, cfg.Scheduler, cfg.Backend = s, o.IPVSScheduler, xtables.Backend(o.IPTablesBackend)
 		cfg.TCPTimeout, cfg.TCPFinTimeout, cfg.UDPTimeout = o.IPVSTCPTimeout, o.IPVSTCPFinTimeout, o.IPVSUDPTimeout
+		// The agent's logger, as main builds it: the dataplane warns of
+		// sysctls the init container did not set.
+		cfg.Log = o.Logging.Logger(os.Stderr).With("component", "dataplane", "mode", "ipvs", "family", s.Family.String())
 		return ipvs.New(cfg, observe)
 	},
 }
 
-// Cleanup removes what every mode programs in every family of the node,
-// whichever mode ran before. A mode that cannot run here (no IPVS in the
-// kernel, no iptables tools) cannot have left anything and is skipped,
-// saying why. It returns every failure, joined.
-func Cleanup(ctx context.Context, o *Options, log *slog.Logger) error {
-	var errs []error
-	for _, mode := range slices.Sorted(maps.Keys(modes)) {
-		for _, family := range nodeFamilies(log) {
-			dp, err := modes[mode](o, settingsFor(o, family), nil)
-			if err != nil {
-				log.Info("nothing to clean up", "mode", mode, "family", family.String(), "why", err)
-				continue
-			}
-			c, ok := dp.(dataplane.Cleaner) // the Driver of each mode is one
-			if !ok {
-				errs = append(errs, fmt.Errorf("%s %s dataplane cannot clean up", family, mode))
-				continue
-			}
-			if err := c.Cleanup(ctx); err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			log.Info("cleaned up", "mode", mode, "family", family.String())
-		}
-	}
-	return errors.Join(errs...)
+// newHealth returns the health tracker of /healthz, /livez and /readyz
+// for families, created at now: kube-proxy's timeout of twice the sync
+// period, and the control plane timeout, off unless the operator opts in.
+func newHealth(o *Options, families []dataplane.Family, now time.Time) *agent.Health {
+	return agent.NewHealth(2*o.SyncPeriod, o.ControlPlaneTimeout, families, now)
 }
 
-// newDataplane builds one dataplane of the selected mode per IP family.
-func newDataplane(o *Options, families []dataplane.Family) (dataplane.Dataplane, error) {
+// newDataplanes builds one dataplane of the selected mode per IP family,
+// each reporting its syncs to observe.
+func newDataplanes(o *Options, families []dataplane.Family, observe dataplane.Observer) ([]dataplane.Dataplane, error) {
 	newMode, ok := modes[o.ProxyMode]
 	if !ok {
 		return nil, fmt.Errorf("--proxy-mode %q: not built in", o.ProxyMode)
 	}
 	dps := make([]dataplane.Dataplane, 0, len(families))
 	for _, family := range families {
-		dp, err := newMode(o, settingsFor(o, family), metrics.ObserveSync)
+		dp, err := newMode(o, settingsFor(o, family), observe)
 		if err != nil {
 			return nil, fmt.Errorf("%s %s dataplane: %w", family, o.ProxyMode, err)
 		}
 		dps = append(dps, dp)
 	}
-	return dataplane.Join(dps...), nil
+	return dps, nil
 }
 
-// InitOnly does what needs a writable /proc/sys, the conntrack sysctls,
-// and returns: kube-proxy's --init-only, for a privileged init container.
+// InitOnly does what needs a writable /proc/sys and returns: kube-proxy's
+// --init-only, for a privileged init container. It sets the conntrack
+// sysctls and, in IPVS mode, those IPVS needs (ipvs.Sysctls), which the
+// agent, its /proc/sys read-only, only checks.
 func InitOnly(ctx context.Context, o *Options, log *slog.Logger) error {
-	return sysctl.New(log.With("component", "sysctl")).Apply(ctx, o.Conntrack)
+	return initOnly(ctx, o, sysctl.New(log.With("component", "sysctl")), ipvs.CheckKernel, nodeFamilies(log))
+}
+
+// initSetter is what initOnly needs of a *sysctl.Setter.
+type initSetter interface {
+	Apply(ctx context.Context, c sysctl.Conntrack) error
+	Set(ctx context.Context, settings []sysctl.Setting) error
+}
+
+// initOnly is InitOnly over seams: the sysctls, the IPVS check and the
+// node's families.
+func initOnly(ctx context.Context, o *Options, s initSetter, checkIPVS func() error, families []dataplane.Family) error {
+	if err := s.Apply(ctx, o.Conntrack); err != nil {
+		return err
+	}
+	if o.ProxyMode != "ipvs" {
+		return nil
+	}
+	// First: on a kernel without IPVS, say so, rather than that
+	// /proc/sys/net/ipv4/vs is missing.
+	if err := checkIPVS(); err != nil {
+		return fmt.Errorf("setting the sysctls IPVS mode needs: %w", err)
+	}
+	var settings []sysctl.Setting
+	seen := map[string]bool{} // the net/ipv4/vs ones serve both families
+	for _, f := range families {
+		for _, c := range ipvs.Sysctls(f) {
+			if !seen[c.Name] {
+				seen[c.Name] = true
+				settings = append(settings, sysctl.Setting{Path: "/proc/sys/" + c.Name, Value: c.Value})
+			}
+		}
+	}
+	return s.Set(ctx, settings)
 }
 
 // settingsFor is what every dataplane takes from the options for family.
@@ -320,12 +354,37 @@ func settingsFor(o *Options, family dataplane.Family) dataplane.Settings {
 	}
 	s.LocalMode = dataplane.LocalMode(o.DetectLocalMode)
 	s.ClusterCIDRs = cidrsOf(family, o.ClusterCIDRs)
-	s.NodePortAddresses = cidrsOf(family, o.NodePortAddresses)
+	s.NodePortPrimary = o.NodePortsPrimary()
+	for _, p := range o.NodePortCIDRs() {
+		if family.Has(p.Addr()) {
+			s.NodePortAddresses = append(s.NodePortAddresses, p.String())
+		}
+	}
 	if s.LocalMode == dataplane.LocalClusterCIDR && len(s.ClusterCIDRs) == 0 {
 		// No pod CIDR of this family: nothing to recognise.
 		s.LocalMode = dataplane.LocalNone
 	}
 	return s
+}
+
+// healthCheckAddresses is where health check ports listen with
+// nodePortAddresses "primary", as NodePorts do: the node's primary IP of
+// each family, or every address of a family without one; nil without
+// "primary", when the static CIDRs apply.
+func healthCheckAddresses(o *Options, families []dataplane.Family) func(*pb.NodeInfo) []netip.Prefix {
+	if !o.NodePortsPrimary() {
+		return nil
+	}
+	return func(node *pb.NodeInfo) []netip.Prefix {
+		var out []netip.Prefix
+		for _, f := range families {
+			// A family left out listens on all its addresses.
+			if all, cidrs := settingsFor(o, f).NodePorts(node); !all {
+				out = append(out, cidrs...)
+			}
+		}
+		return out
+	}
 }
 
 // cidrsOf keeps the CIDRs of family; Validate has parsed them all.
@@ -338,50 +397,16 @@ func cidrsOf(family dataplane.Family, cidrs []string) []string {
 }
 
 // metricsHandler serves what kube-proxy serves on its metrics port:
-// /metrics, and /proxyMode, the dataplane in use as plain text (tools and
-// e2e suites ask it which mode runs).
-func metricsHandler(reg *prometheus.Registry, mode string) http.Handler {
+// /metrics, /proxyMode, the dataplane in use as plain text (tools and
+// e2e suites ask it which mode runs), and /configz (newConfigz).
+func metricsHandler(reg *prometheus.Registry, mode string, configz http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("/configz", configz)
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		_, _ = w.Write([]byte(mode))
 	})
-	return mux
-}
-
-// healthHandler serves /healthz and /livez with kube-proxy's meaning and
-// body (see agent.Health): /livez while the rules are fresh, /healthz
-// while they are, the node is not being deleted, and a control plane
-// answers or has answered within --control-plane-timeout.
-func healthHandler(h *agent.Health) http.Handler {
-	serve := func(healthz bool) http.HandlerFunc {
-		return func(w http.ResponseWriter, _ *http.Request) {
-			now := time.Now()
-			st := h.Check(now)
-			body := map[string]any{"lastUpdated": st.LastUpdated.Format(time.RFC3339Nano), "currentTime": now.Format(time.RFC3339Nano)}
-			ok, counter := st.Live, metrics.ProxyLivezTotal
-			if healthz {
-				ok, counter = st.Healthy, metrics.ProxyHealthzTotal
-				body["nodeEligible"] = st.NodeEligible
-				if !st.ControlPlaneLost.IsZero() {
-					body["controlPlaneLost"] = st.ControlPlaneLost.Format(time.RFC3339Nano)
-				}
-			}
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("X-Content-Type-Options", "nosniff")
-			code := http.StatusOK
-			if !ok {
-				code = http.StatusServiceUnavailable
-			}
-			counter.WithLabelValues(strconv.Itoa(code)).Inc()
-			w.WriteHeader(code)
-			_ = json.NewEncoder(w).Encode(body)
-		}
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/healthz", serve(true))
-	mux.Handle("/livez", serve(false))
 	return mux
 }

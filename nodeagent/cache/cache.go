@@ -344,6 +344,12 @@ func read(tx *bolt.Tx) (*proxytable.Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
+	// Whoever can write the state directory could otherwise plant an
+	// entry under the hash of the honest one: every replica would take
+	// it for current and never send the real one.
+	if err := proxytable.VerifyHashes(t); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
 	t.ResourceVersion = rv // t is new, and nobody else's yet
 	return t, nil
 }

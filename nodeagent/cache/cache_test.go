@@ -2,11 +2,13 @@ package cache
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,35 +21,78 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
-// entry returns a valid entry for key ("namespace/name") with an
-// arbitrary hash: the agent never recomputes hashes, it only checks that
-// they add up to the version.
-func entry(key string, hash uint64) *pb.ServiceEntry {
+// entry returns a valid entry for key ("namespace/name") whose content
+// is labelled by label (an endpoint's address holds it; labelOf reads it
+// back), with the hash the control plane gives that content: Load
+// recomputes hashes and refuses a cache whose hashes are not their
+// content's.
+func entry(key string, label uint64) *pb.ServiceEntry {
 	ns, name, _ := strings.Cut(key, "/")
-	return &pb.ServiceEntry{
-		Key:  key,
-		Hash: hash,
-		Service: &pb.Service{
-			Namespace:  ns,
-			Name:       name,
-			Type:       pb.ServiceType_SERVICE_TYPE_CLUSTER_IP,
-			ClusterIps: []string{"10.96.0.10", "fd00::10"},
-			Ports:      []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, HasEndpoints: true}},
-			ClusterEndpoints: []*pb.PortEndpoints{{PortName: "http", Endpoints: []*pb.Endpoint{
-				{Ip: "10.244.1.5", Port: 8080, Ready: true, Serving: true},
-			}}},
-		},
+	s := &pb.Service{
+		Namespace:  ns,
+		Name:       name,
+		Type:       pb.ServiceType_SERVICE_TYPE_CLUSTER_IP,
+		ClusterIps: []string{"10.96.0.10", "fd00::10"},
+		Ports:      []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, HasEndpoints: true}},
+		ClusterEndpoints: []*pb.PortEndpoints{{PortName: "http", Endpoints: []*pb.Endpoint{
+			{Ip: "10.244.1.5", Port: 8080, Ready: true, Serving: true},
+			{Ip: labelAddr(label).String(), Port: 8080, Ready: true, Serving: true},
+		}}},
 	}
+	return &pb.ServiceEntry{Key: key, Hash: mustHash(key, s), Service: s}
+}
+
+// labelAddr is fd00::/64 with label as its interface identifier.
+func labelAddr(label uint64) netip.Addr {
+	b := [16]byte{0: 0xfd}
+	binary.BigEndian.PutUint64(b[8:], label)
+	return netip.AddrFrom16(b)
+}
+
+// labelOf returns the label entry gave e.
+func labelOf(e *pb.ServiceEntry) uint64 {
+	a, _ := netip.ParseAddr(e.GetService().GetClusterEndpoints()[0].GetEndpoints()[1].GetIp())
+	b := a.As16()
+	return binary.BigEndian.Uint64(b[8:])
+}
+
+// labels returns t's labels by key.
+func labels(t *proxytable.Table) map[string]uint64 {
+	out := make(map[string]uint64, len(t.Entries))
+	for k, e := range t.Entries {
+		out[k] = labelOf(e)
+	}
+	return out
+}
+
+func mustHash(key string, s *pb.Service) uint64 {
+	h, err := tablehash.Entry(key, s)
+	if err != nil {
+		panic(err)
+	}
+	return h
+}
+
+// testNode is the node of every test table, with its real hash.
+func testNode() *pb.NodeInfo {
+	n := &pb.NodeInfo{Name: "node-a", Zone: "zone-1", PodCidrs: []string{"10.244.1.0/24"}, NodeIps: []string{"192.168.0.2", "fd00::2"}}
+	h, err := tablehash.Node(n)
+	if err != nil {
+		panic(err)
+	}
+	n.Hash = h
+	return n
 }
 
 // table builds a valid table holding entries, its version the sum of
 // their hashes and the node's.
 func table(t testing.TB, entries ...*pb.ServiceEntry) *proxytable.Table {
 	t.Helper()
-	node := &pb.NodeInfo{Name: "node-a", Zone: "zone-1", PodCidrs: []string{"10.244.1.0/24"}, Hash: 0x1234}
+	node := testNode()
 	sum := node.GetHash()
 	for _, e := range entries {
 		sum += e.GetHash()
@@ -59,12 +104,12 @@ func table(t testing.TB, entries ...*pb.ServiceEntry) *proxytable.Table {
 	return tb
 }
 
-// tableOf builds a table from key=hash pairs.
-func tableOf(t testing.TB, hashes map[string]uint64) *proxytable.Table {
+// tableOf builds a table from key=label pairs.
+func tableOf(t testing.TB, labels map[string]uint64) *proxytable.Table {
 	t.Helper()
 	var entries []*pb.ServiceEntry
-	for k, h := range hashes {
-		entries = append(entries, entry(k, h))
+	for k, l := range labels {
+		entries = append(entries, entry(k, l))
 	}
 	return table(t, entries...)
 }
@@ -127,7 +172,7 @@ func reload(t *testing.T, c *Cache, path string) (*Cache, *proxytable.Table) {
 	return mustOpen(t, path)
 }
 
-// stored returns the version and the raw key -> hash contents of the
+// stored returns the version and the raw key -> label contents of the
 // cache file at path, read with bbolt alone, bypassing Load's validation.
 func stored(t *testing.T, path string) (string, map[string]uint64) {
 	t.Helper()
@@ -145,7 +190,7 @@ func stored(t *testing.T, path string) (string, map[string]uint64) {
 			if err := proto.Unmarshal(v, e); err != nil {
 				return err
 			}
-			out[string(k)] = e.GetHash()
+			out[string(k)] = labelOf(e)
 			return nil
 		})
 	})
@@ -194,7 +239,7 @@ func TestSave(t *testing.T) {
 		next    map[string]uint64
 		changed []string
 		full    bool
-		// want is the stored key -> hash afterwards; nil means next's.
+		// want is the stored key -> label afterwards; nil means next's.
 		want map[string]uint64
 	}{{
 		name:    "upsert and remove",
@@ -268,8 +313,10 @@ func TestSaveAllOrNothing(t *testing.T) {
 	if err := c.Save(old, nil, true); err != nil {
 		t.Fatalf("Save: %v", err)
 	}
+	// No valid table has such a key (names are DNS labels): build it by
+	// hand, as Save does not validate.
 	huge := entry("ns/"+strings.Repeat("z", bolt.MaxKeySize), 3)
-	bad := table(t, entry("ns/a", 10), huge)
+	bad := &proxytable.Table{Version: old.Version, Node: old.Node, Entries: map[string]*pb.ServiceEntry{"ns/a": entry("ns/a", 10), huge.GetKey(): huge}}
 	for _, full := range []bool{true, false} {
 		err := c.Save(bad, []string{"ns/a", "ns/b", huge.GetKey()}, full)
 		if err == nil || !strings.HasPrefix(err.Error(), "saving table: ") {
@@ -301,7 +348,7 @@ func TestSaveSequence(t *testing.T) {
 	for i := range 60 {
 		// Remove some keys and upsert others; changed lists both, as
 		// Table.Apply would.
-		hashes := cur.Hashes()
+		hashes := labels(cur)
 		var changed []string
 		for range rng.IntN(20) {
 			key := fmt.Sprintf("ns%d/svc%d", rng.IntN(3), rng.IntN(40))
@@ -408,6 +455,16 @@ func TestOpenCorrupt(t *testing.T) {
 		name:    "entry under another key",
 		prepare: put(bucketEntries, []byte("ns/z"), mustMarshal(t, entry("ns/a", 1))),
 		reason:  `stored under \"ns/z\"`,
+	}, {
+		// A forged Service under the hash of the honest one: its version
+		// adds up, and every replica would take it for current.
+		name: "forged entry under its honest hash",
+		prepare: put(bucketEntries, []byte("ns/a"), mustMarshal(t, func() *pb.ServiceEntry {
+			e := entry("ns/a", 1)
+			e.Service.ClusterEndpoints[0].Endpoints[0].Ip = "203.0.113.66"
+			return e
+		}())),
+		reason: "is not its content",
 	}, {
 		name:    "version does not add up",
 		prepare: put(bucketMeta, keyVersion, []byte("00000000000000ff")),

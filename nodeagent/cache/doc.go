@@ -25,9 +25,11 @@
 //
 // # Corruption
 //
-// Load trusts nothing it reads: every entry is decoded and the whole table
+// Load trusts nothing it reads: every entry is decoded, the whole table
 // is validated with proxytable.FromEntries, which checks that the entries
-// add up to the stored version. bbolt itself trusts its pages and may
+// add up to the stored version, and every hash is recomputed from its
+// content (proxytable.VerifyHashes): a planted entry under an honest hash
+// is corruption like any other. bbolt itself trusts its pages and may
 // panic, or fault on memory beyond the end of a truncated file; Open and
 // Load turn both into errors (debug.SetPanicOnFault and recover). Open
 // moves a cache it cannot read aside to "<path>.corrupt-<UTC time>", logs

@@ -11,16 +11,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/failpoint"
@@ -40,11 +42,18 @@ type Applier interface {
 
 // Options configures the client.
 type Options struct {
-	// Addresses are the control plane's addresses (host:port), tried in
-	// turn, starting from one picked by the node name so that agents
-	// spread over the replicas. They must not depend on the Service rules
-	// the agent programs.
+	// Addresses are the configured control plane addresses (host:port):
+	// a seed, tried in turn with the addresses the control plane reports
+	// in each table (NodeInfo.control_plane_addresses; see dialOrder),
+	// starting from one picked by the node name so that agents spread
+	// over the replicas. They must not depend on the Service rules the
+	// agent programs.
 	Addresses []string
+	// Cached is the table loaded from the agent's cache at start, or nil.
+	// Until a table is in force, the control plane addresses it carries
+	// are dialled too: an agent restarting after every configured address
+	// went stale reaches the control plane from its cache.
+	Cached *proxytable.Table
 	// NodeName is the agent's node.
 	NodeName string
 	// Capabilities are sent in the hello.
@@ -79,13 +88,34 @@ var (
 // Run keeps a Sync stream open until ctx ends.
 func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
 	retry := newBackoff(o.BackoffMin, o.BackoffMax)
-	preferred := firstAddress(o.NodeName, len(o.Addresses))
-	for i := preferred; ; i++ {
-		addr := o.Addresses[i%len(o.Addresses)]
+	var learned []string // as last logged
+	last, next := "", 0  // the address last tried, and the index to try next
+	again := false       // whether to try last again
+	for {
+		// The list is taken afresh before every attempt: each table in
+		// force may bring other learned addresses.
+		if l := LearnedAddresses(a.Held(), o.Cached); !slices.Equal(l, learned) {
+			log.Info("control plane addresses learned", "learned", l, "configured", o.Addresses)
+			learned = l
+		}
+		addrs := dialOrder(o.NodeName, o.Addresses, learned)
+		if len(addrs) == 0 {
+			return errors.New("no control plane address")
+		}
+		// Go on after the address last tried, wherever it is now, or at
+		// it again when its stream ended only for the token.
+		if j := slices.Index(addrs, last); j >= 0 {
+			next = j + 1
+			if again {
+				next = j
+			}
+		}
+		i := next % len(addrs)
+		addr, preferred := addrs[i], addrs[0]
 		var watch func(context.Context) error
-		if i%len(o.Addresses) != preferred && o.FailbackInterval > 0 {
+		if i != 0 && o.FailbackInterval > 0 {
 			watch = func(ctx context.Context) error {
-				return awaitServing(ctx, o, o.Addresses[preferred], o.FailbackInterval)
+				return awaitServing(ctx, o, preferred, o.FailbackInterval)
 			}
 		}
 		established, err := session(ctx, o, addr, a, watch, log)
@@ -96,13 +126,21 @@ func Run(ctx context.Context, o Options, a Applier, log *slog.Logger) error {
 			// Back to the replica this node starts at, at once: the hello
 			// carries the table held, so the replica sends nothing when it
 			// is at the same version.
-			log.Info("returning to the preferred control plane replica", "from", addr, "to", o.Addresses[preferred])
-			i = preferred - 1
+			log.Info("returning to the preferred control plane replica", "from", addr, "to", preferred)
+			last, next = "", 0
 			retry.reset()
 			continue
 		}
+		last, next, again = addr, i+1, false
 		if established {
 			retry.reset()
+			// A replica that served the stream ends it with
+			// Unauthenticated when the token it opened with expires
+			// (identity is re-checked then, as the API server ends
+			// watches). The kubelet has rotated the file by then: the
+			// same replica, with the new token, keeps agents where they
+			// were rather than moving them all once per token lifetime.
+			again = status.Code(err) == codes.Unauthenticated
 		}
 		wait := retry.next()
 		if errors.Is(err, errCredentials) {
@@ -193,15 +231,6 @@ func TransportOptions(maxRecvMessageBytes int) []grpc.DialOption {
 		grpc.WithStaticStreamWindowSize(4 << 20),
 		grpc.WithStaticConnWindowSize(4 << 20),
 	}
-}
-
-// firstAddress picks the address an agent tries first: the same for a
-// node every time (it returns to the replica that knows it), spread evenly
-// over the replicas across nodes.
-func firstAddress(nodeName string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(nodeName))
-	return int(h.Sum32() % uint32(n))
 }
 
 // session runs one stream to addr until it fails or watch, when set,
@@ -349,7 +378,7 @@ func (s *syncStream) receive(ctx context.Context, tables chan<- *response, heard
 func (s *syncStream) nackUndecodable(resp *response, log *slog.Logger) error {
 	metrics.NacksTotal.Inc()
 	log.Error("rejecting an undecodable response; previous rules stay in force, reconnecting", "nonce", resp.nonce, "err", resp.err)
-	if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{Nonce: resp.nonce, Error: resp.err.Error()}}}); err != nil {
+	if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: newNack("", resp.nonce, resp.err, nil)}}); err != nil {
 		return err
 	}
 	return resp.err
@@ -362,9 +391,9 @@ func (s *syncStream) answer(ctx context.Context, a Applier, resp *pb.SyncRespons
 	if err != nil {
 		metrics.NacksTotal.Inc()
 		log.Error("rejecting table; previous rules stay in force", "version", version, "err", err)
-		if serr := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: &pb.Nack{
-			Version: version, Nonce: resp.GetNonce(), Error: err.Error(), EntryErrors: proxytable.EntryErrors(err),
-		}}}); serr != nil {
+		if serr := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{
+			Nack: newNack(version, resp.GetNonce(), err, proxytable.EntryErrors(err)),
+		}}); serr != nil {
 			return serr
 		}
 		if !errors.Is(err, proxytable.ErrInvalidTable) {

@@ -13,10 +13,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -34,12 +36,13 @@ type fakeControlPlane struct {
 	streams chan grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 	done    chan struct{}
 	kick    chan struct{} // ends the stream being served
+	kickErr chan error    // ends it with an error
 }
 
 func newFakeControlPlane() *fakeControlPlane {
 	return &fakeControlPlane{
 		streams: make(chan grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse], 4),
-		done:    make(chan struct{}), kick: make(chan struct{}),
+		done:    make(chan struct{}), kick: make(chan struct{}), kickErr: make(chan error),
 	}
 }
 
@@ -48,6 +51,8 @@ func (f *fakeControlPlane) Sync(s grpc.BidiStreamingServer[pb.SyncRequest, pb.Sy
 	select {
 	case <-f.done:
 	case <-f.kick:
+	case err := <-f.kickErr:
+		return err
 	case <-s.Context().Done():
 	}
 	return nil
@@ -546,5 +551,45 @@ func TestHeadersEstablish(t *testing.T) {
 		}
 	case <-time.After(waitFor):
 		t.Fatal("the stream's end was not told")
+	}
+}
+
+// TestExpiredTokenReconnectsToSameReplica: a replica ends a stream it
+// served with Unauthenticated when the token the stream opened with
+// expires (the kubelet has rotated the file by then). The agent opens the
+// next stream to the same replica with the new token, rather than moving
+// every agent to its next address once an hour.
+func TestExpiredTokenReconnectsToSameReplica(t *testing.T) {
+	fakes, dial := listeners(t, "a", "b")
+	start(t, &fakeApplier{held: heldTable()}, dial, "a", "b")
+	var first string
+	var s grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
+	select {
+	case s = <-fakes["a"].streams:
+		first = "a"
+	case s = <-fakes["b"].streams:
+		first = "b"
+	case <-time.After(waitFor):
+		t.Fatal("no stream opened")
+	}
+	recv(t, s)                                // hello
+	if err := s.SendHeader(nil); err != nil { // the replica answered
+		t.Fatal(err)
+	}
+	select {
+	case fakes[first].kickErr <- status.Error(codes.Unauthenticated, "unauthenticated"):
+	case <-time.After(waitFor):
+		t.Fatal("no stream to end")
+	}
+	other := map[string]string{"a": "b", "b": "a"}[first]
+	select {
+	case s2 := <-fakes[first].streams:
+		if recv(t, s2).GetHello() == nil {
+			t.Fatal("the new stream did not start with a hello")
+		}
+	case <-fakes[other].streams:
+		t.Fatalf("the agent moved to %s after its token expired on %s, want %s again", other, first, first)
+	case <-time.After(waitFor):
+		t.Fatal("no new stream after the token expired")
 	}
 }

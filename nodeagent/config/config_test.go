@@ -171,7 +171,48 @@ func TestFromKubeProxy(t *testing.T) {
 		},
 		{name: "windows mode", yaml: "mode: kernelspace", wantErr: `mode: "kernelspace"`},
 		{name: "bridge detection", yaml: "detectLocalMode: BridgeInterface\ndetectLocal: {bridgeInterface: cbr0}", wantErr: "detectLocalMode"},
-		{name: "primary node port addresses", yaml: "nodePortAddresses: [primary]", wantErr: "nodePortAddresses"},
+		{
+			name: "primary node port addresses, any mode",
+			yaml: "mode: iptables\nnodePortAddresses: [primary]",
+			check: func(t *testing.T, f *File) {
+				t.Helper()
+				if !f.Proxy.NodePortsPrimary() || f.Proxy.NodePortCIDRs() != nil {
+					t.Errorf("got %q: want primary, no CIDRs", f.Proxy.NodePortAddresses)
+				}
+			},
+		},
+		{
+			name: "nftables mode defaults to primary, as upstream",
+			yaml: "mode: nftables",
+			check: func(t *testing.T, f *File) {
+				t.Helper()
+				if !f.Proxy.NodePortsPrimary() {
+					t.Errorf("nftables without nodePortAddresses: not primary")
+				}
+			},
+		},
+		{
+			name: "iptables and ipvs modes default to every address, as upstream",
+			yaml: "mode: ipvs",
+			check: func(t *testing.T, f *File) {
+				t.Helper()
+				if f.Proxy.NodePortsPrimary() || len(f.Proxy.NodePortCIDRs()) != 0 {
+					t.Errorf("ipvs without nodePortAddresses: primary %v, CIDRs %v", f.Proxy.NodePortsPrimary(), f.Proxy.NodePortCIDRs())
+				}
+			},
+		},
+		{
+			name: "nftables mode on every address by asking",
+			yaml: "mode: nftables\nnodePortAddresses: [0.0.0.0/0, '::/0']",
+			check: func(t *testing.T, f *File) {
+				t.Helper()
+				if f.Proxy.NodePortsPrimary() || len(f.Proxy.NodePortCIDRs()) != 2 {
+					t.Errorf("got primary %v, CIDRs %v", f.Proxy.NodePortsPrimary(), f.Proxy.NodePortCIDRs())
+				}
+			},
+		},
+		{name: "primary beside CIDRs", yaml: "nodePortAddresses: [primary, 10.0.0.0/8]", wantErr: `can't use both "primary" and CIDRs`},
+		{name: "bad node port address", yaml: "nodePortAddresses: [10.0.0.0/33]", wantErr: "nodePortAddresses: [0]"},
 		{name: "strict ARP in ipvs mode", yaml: "mode: ipvs\nipvs: {strictARP: true}", wantErr: "ipvs.strictARP"},
 		{name: "masquerade bit", yaml: "iptables: {masqueradeBit: 32}", wantErr: "iptables.masqueradeBit: 32"},
 		{name: "bad cluster cidr", yaml: "clusterCIDR: 10.244.0.0/33", wantErr: "clusterCIDR"},

@@ -8,8 +8,8 @@
 // warning. FromKubeProxy maps the fields to Proxy, the settings of the
 // agent that kube-proxy's configuration names, with upstream's defaults
 // for what the file leaves unset. A field that applies but holds a value
-// proxyplane cannot honour (a Windows mode, BridgeInterface detection,
-// nodePortAddresses "primary") is an error naming it; a field set to a
-// non-default value that has no meaning for the agent (the API client, the
-// Windows section, profiling) is listed in File.Ignored for one warning.
+// proxyplane cannot honour (a Windows mode, BridgeInterface detection) is
+// an error naming it; a field set to a non-default value that has no
+// meaning for the agent (the API client, the Windows section, profiling)
+// is listed in File.Ignored for one warning.
 package config

@@ -153,16 +153,10 @@ func FromKubeProxy(c *kubeproxy.KubeProxyConfiguration) (*File, error) {
 			p.ClusterCIDRs = append(p.ClusterCIDRs, s)
 		}
 	}
-	for _, s := range c.NodePortAddresses {
-		if s == "primary" {
-			bad("nodePortAddresses", `"primary" needs the Node's addresses, which the agent does not watch: list CIDRs`)
-			continue
-		}
-		if _, err := netip.ParsePrefix(s); err != nil {
-			bad("nodePortAddresses", "%v", err)
-		}
-		p.NodePortAddresses = append(p.NodePortAddresses, s)
+	if err := ValidateNodePortAddresses(c.NodePortAddresses); err != nil {
+		bad("nodePortAddresses", "%v", err)
 	}
+	p.NodePortAddresses = slices.Clone(c.NodePortAddresses)
 
 	ct := &p.Conntrack
 	if c.Conntrack.MaxPerCore != nil {

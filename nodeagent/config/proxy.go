@@ -1,6 +1,10 @@
 package config
 
 import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/proxyplane/proxyplane/nodeagent/sysctl"
@@ -39,8 +43,10 @@ type Proxy struct {
 	MasqueradeAll bool
 	// LocalhostNodePorts accepts NodePorts on 127.0.0.1 in iptables mode.
 	LocalhostNodePorts bool
-	// NodePortAddresses limits NodePorts to these CIDRs; empty means all
-	// local addresses.
+	// NodePortAddresses limits NodePorts to these CIDRs, or, as the
+	// single value "primary" (NodePortAddressesPrimary), to the node's
+	// primary IPs; empty means all local addresses, except in nftables
+	// mode, where it means "primary" (see NodePortsPrimary).
 	NodePortAddresses []string
 	// SyncPeriod is the interval between full syncs.
 	SyncPeriod time.Duration
@@ -70,4 +76,56 @@ func DefaultProxy() Proxy {
 		SyncPeriod:         30 * time.Second,
 		Conntrack:          sysctl.DefaultConntrack(),
 	}
+}
+
+// NodePortAddressesPrimary is the nodePortAddresses value (alone) that
+// limits NodePorts to the node's primary IPs, as kube-proxy's: those the
+// control plane reads from the Node's status.addresses and sends in the
+// table, or --bind-address for its family.
+const NodePortAddressesPrimary = "primary"
+
+// NodePortsPrimary reports whether NodePorts answer on the node's primary
+// IPs only: nodePortAddresses is "primary", or it is empty in nftables
+// mode, upstream's default for that mode (cmd/kube-proxy's
+// platformApplyDefaults). The other modes' default, every local address,
+// is upstream's too.
+func (p *Proxy) NodePortsPrimary() bool {
+	if len(p.NodePortAddresses) == 0 {
+		return p.ProxyMode == "nftables"
+	}
+	return len(p.NodePortAddresses) == 1 && p.NodePortAddresses[0] == NodePortAddressesPrimary
+}
+
+// NodePortCIDRs returns the CIDRs of NodePortAddresses, trimmed and
+// masked; none when NodePortsPrimary. ValidateNodePortAddresses must
+// have accepted them.
+func (p *Proxy) NodePortCIDRs() []netip.Prefix {
+	if p.NodePortsPrimary() {
+		return nil
+	}
+	out := make([]netip.Prefix, 0, len(p.NodePortAddresses))
+	for _, s := range p.NodePortAddresses {
+		if c, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
+			out = append(out, c.Masked())
+		}
+	}
+	return out
+}
+
+// ValidateNodePortAddresses checks a nodePortAddresses value as upstream's
+// validation does: CIDRs, or "primary" alone.
+func ValidateNodePortAddresses(addrs []string) error {
+	var errs []error
+	for i, s := range addrs {
+		if s == NodePortAddressesPrimary {
+			if len(addrs) != 1 {
+				errs = append(errs, fmt.Errorf("[%d] %q: can't use both %q and CIDRs", i, s, NodePortAddressesPrimary))
+			}
+			continue
+		}
+		if _, err := netip.ParsePrefix(strings.TrimSpace(s)); err != nil {
+			errs = append(errs, fmt.Errorf("[%d]: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
 }

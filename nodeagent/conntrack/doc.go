@@ -22,10 +22,10 @@
 // Clean follows upstream's current filter: the service port and the
 // endpoint's target port are part of the match (kubernetes #130484 and
 // #130542, in 1.33 and later), and ports without endpoints are cleaned too
-// (#139629, merged in June 2026 as a regression fix; a release without it
-// skips such ports). For one IP family it indexes every UDP service port
+// (#139629, merged in June 2026 as a regression fix; v1.36.4, like every
+// release without it, skips such ports). For one IP family it indexes every UDP service port
 // of the table that has a cluster IP of the family, with the port's
-// endpoints of the family, and deletes a UDP flow when
+// serving endpoints of the family, and deletes a UDP flow when
 //
 //   - its original destination IP and port is one of that port's
 //     frontends (the cluster IP, an external IP or a load balancer IP, at
@@ -43,43 +43,43 @@
 //     every UDP flow to it is deleted, so its clients' next datagrams meet
 //     the rules for a Service without endpoints (rejected) instead of
 //     following a flow to an endpoint that is gone. Upstream skipped such
-//     ports from 1.32 until kubernetes #139629 (a regression fix, 2026),
-//     which left one-way senders pinned to the last endpoint for as long
-//     as they kept sending.
+//     ports from 1.32 until kubernetes #139629 (a regression fix, 2026;
+//     not in v1.36.4), which left one-way senders pinned to the last
+//     endpoint for as long as they kept sending (kubernetes #139628: a
+//     statsd Service black-holed for 13 hours). internal/flowsuite's "a
+//     UDP flow is refused ... when its Service scales to zero" shows it
+//     in every mode, and fails with v1.36.4's rule.
 //   - TCP and SCTP flows are never touched: their clients reconnect, and
 //     deleting them would cut connections to terminating endpoints that
 //     graceful termination keeps alive.
 //   - A NodePort is matched by port alone, whatever the destination
 //     address, so a UDP flow through the node to any address at that port
 //     that was not DNATed to one of its endpoints is deleted too.
+//   - A flow keeps any serving endpoint of the Service, whatever
+//     topology, traffic policies and terminating state say, so that a UDP
+//     flow lives as long as a TCP connection would: the endpoints the node
+//     uses (cluster_endpoints, local_endpoints) and, when those leave some
+//     out, the Service's udp_serving_endpoints. A topology change or a
+//     terminating endpoint decides where new flows go, not where old ones
+//     end (internal/flowsuite's "a UDP flow keeps ..." cases).
 //   - Nothing is judged from what changed since the last Clean: the table
 //     alone decides, so a restarted agent, which remembers nothing of the
 //     kernel, cleans exactly as a long-running one.
 //
 // # Differences from upstream
 //
-//   - The endpoints a flow may keep are those the node uses for the port:
-//     cluster_endpoints and local_endpoints of the table. Upstream keeps
-//     flows to every serving endpoint of the Service in the cluster,
-//     ignoring topology, traffic policies and terminating state, so that a
-//     UDP flow lives as long as a TCP connection would. The table carries
-//     only the endpoints the node uses, so a flow to a serving endpoint the
-//     node no longer uses (outside its topology, terminating while ready
-//     ones exist, or remote under internalTrafficPolicy Local) is deleted
-//     here and moves to a used endpoint (or, under a Local policy with no
-//     local endpoint, is deleted, and the rules drop what follows).
 //   - A frontend claimed by two Services (the same external IP and port)
 //     keeps the endpoints of both, where upstream keeps one Service's in
 //     map order, so the outcome does not depend on that order.
 //   - Flows are read first and the kernel is asked to delete only when some
-//     are stale, so the common Clean dumps the table once and a table with
-//     no UDP frontend is not read at all; upstream (since #135511) hands
-//     one filter holding the same index to a single delete request, so it
-//     dumps the table once every time. The delete request re-applies the
-//     decision to each flow it dumps, as upstream's filter does, so a flow
-//     created between the two dumps by the new rules is kept.
+//     are stale, as upstream v1.36 does, and a table with no UDP frontend
+//     is not read at all. Upstream's delete request matches the listed
+//     stale flows by their exact tuples; this one re-applies the decision
+//     to each flow it dumps, so a flow that turned stale between the two
+//     dumps is deleted too, and one the new rules created is kept.
 //   - An interrupted list (NLM_F_DUMP_INTR: the table changed during the
-//     dump) is retried twice before Clean works with the flows read, and is
+//     dump) is retried twice (upstream: four times) before Clean works
+//     with the flows read, as upstream then does, and is
 //     reported (IsInterrupted) rather than only logged, so the caller can
 //     count it; an interrupted delete is reported the same way.
 //   - A flow of the other family is never deleted, even at a NodePort;

@@ -110,20 +110,23 @@ func (ix *index) addService(s *pb.Service) {
 			}
 		}
 	}
-	// The endpoints the node uses for each port: under either policy, a
-	// flow DNATed to one of them is live.
-	used := map[string]endpointSet{}
-	for _, list := range [][]*pb.PortEndpoints{s.GetClusterEndpoints(), s.GetLocalEndpoints()} {
+	// The endpoints a flow of each port may keep, as upstream: every
+	// serving endpoint of the Service, whatever topology, traffic policies
+	// and terminating state say, so that a UDP flow lives as long as a TCP
+	// connection would. They are those the node uses (cluster and local
+	// sets) and, when those leave some out, udp_serving_endpoints.
+	keep := map[string]endpointSet{}
+	for _, list := range [][]*pb.PortEndpoints{s.GetClusterEndpoints(), s.GetLocalEndpoints(), s.GetUdpServingEndpoints()} {
 		for _, pe := range list {
 			for _, ep := range pe.GetEndpoints() {
 				a, err := netip.ParseAddr(ep.GetIp())
 				if err != nil || !ix.family.Has(a.Unmap()) || ep.GetPort() <= 0 || ep.GetPort() > 65535 {
 					continue
 				}
-				set := used[pe.GetPortName()]
+				set := keep[pe.GetPortName()]
 				if set == nil {
 					set = endpointSet{}
-					used[pe.GetPortName()] = set
+					keep[pe.GetPortName()] = set
 				}
 				set[netip.AddrPortFrom(a.Unmap(), uint16(ep.GetPort()))] = struct{}{}
 			}
@@ -133,7 +136,7 @@ func (ix *index) addService(s *pb.Service) {
 		if sp.GetProtocol() != pb.Protocol_PROTOCOL_UDP || sp.GetPort() <= 0 || sp.GetPort() > 65535 {
 			continue
 		}
-		eps := used[sp.GetName()]
+		eps := keep[sp.GetName()]
 		if eps == nil {
 			eps = endpointSet{}
 		}

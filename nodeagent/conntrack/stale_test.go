@@ -40,10 +40,20 @@ func staleServices() []*pb.Service {
 	empty.Ports[0].HasEndpoints = false
 
 	// internalTrafficPolicy Local with no endpoint on this node: the
-	// control plane sends neither list, and new flows are dropped.
+	// control plane sends neither list, and new flows are dropped; it
+	// sends the serving endpoints elsewhere for the cleanup.
 	itp := svc("itp-local", "10.96.0.60")
 	itp.InternalTrafficPolicy = pb.TrafficPolicy_TRAFFIC_POLICY_LOCAL
 	itp.Ports = []*pb.ServicePort{port("dns", udp, 53, 0)}
+	itp.UdpServingEndpoints = []*pb.PortEndpoints{eps("dns", "10.244.2.60:53")}
+
+	// Zone hints: the node uses 10.244.1.80 only; 10.244.2.80 (another
+	// zone) and 10.244.1.81 (terminating, still serving) serve too.
+	hinted := svc("hinted", "10.96.0.80")
+	hinted.Type = pb.ServiceType_SERVICE_TYPE_NODE_PORT
+	hinted.Ports = []*pb.ServicePort{port("dns", udp, 53, 30080)}
+	hinted.ClusterEndpoints = []*pb.PortEndpoints{eps("dns", "10.244.1.80:53")}
+	hinted.UdpServingEndpoints = []*pb.PortEndpoints{eps("dns", "10.244.1.80:53", "10.244.1.81:53", "10.244.2.80:53")}
 
 	// IPv6 only: nothing of it exists for the IPv4 table.
 	v6 := svc("v6only", "fd00:96::40")
@@ -64,7 +74,7 @@ func staleServices() []*pb.Service {
 		s.Ports = []*pb.ServicePort{port("dns", udp, 53, 0)}
 		s.ClusterEndpoints = []*pb.PortEndpoints{eps("dns", []string{"10.244.1.70:53", "10.244.1.71:53"}[i])}
 	}
-	return []*pb.Service{dns, multi, empty, itp, v6, sc, shareA, shareB}
+	return []*pb.Service{dns, multi, empty, itp, hinted, v6, sc, shareA, shareB}
 }
 
 func udp4(origDst, replySrc string) *netlink.ConntrackFlow {
@@ -110,7 +120,14 @@ func TestStale(t *testing.T) {
 		{"service without endpoints, never DNATed", dataplane.IPv4, udp4("10.96.0.30:53", "10.96.0.30:53"), true},
 		{"service without endpoints, old endpoint", dataplane.IPv4, udp4("10.96.0.30:53", "10.244.1.99:53"), true},
 		{"NodePort of a service without endpoints", dataplane.IPv4, udp4("192.168.100.1:30055", "10.244.1.99:53"), true},
-		{"policy Local without a local endpoint, to a remote one", dataplane.IPv4, udp4("10.96.0.60:53", "10.244.2.60:53"), true},
+		{"policy Local without a local endpoint, to a remote serving one", dataplane.IPv4, udp4("10.96.0.60:53", "10.244.2.60:53"), false},
+		{"policy Local without a local endpoint, to a removed one", dataplane.IPv4, udp4("10.96.0.60:53", "10.244.2.99:53"), true},
+		{"topology: to the endpoint the node uses", dataplane.IPv4, udp4("10.96.0.80:53", "10.244.1.80:53"), false},
+		{"topology: to another zone's serving endpoint", dataplane.IPv4, udp4("10.96.0.80:53", "10.244.2.80:53"), false},
+		{"topology: to a serving terminating endpoint", dataplane.IPv4, udp4("10.96.0.80:53", "10.244.1.81:53"), false},
+		{"topology: NodePort to another zone's serving endpoint", dataplane.IPv4, udp4("192.168.100.1:30080", "10.244.2.80:53"), false},
+		{"topology: to a removed endpoint", dataplane.IPv4, udp4("10.96.0.80:53", "10.244.2.99:53"), true},
+		{"topology: never DNATed", dataplane.IPv4, udp4("10.96.0.80:53", "10.96.0.80:53"), true},
 		{"unknown address", dataplane.IPv4, udp4("10.96.0.99:53", "10.96.0.99:53"), false},
 		{"shared externalIP to one Service's endpoint", dataplane.IPv4, udp4("203.0.113.77:53", "10.244.1.70:53"), false},
 		{"shared externalIP to the other's", dataplane.IPv4, udp4("203.0.113.77:53", "10.244.1.71:53"), false},

@@ -110,15 +110,24 @@ type Settings struct {
 	// used with LocalClusterCIDR.
 	ClusterCIDRs []string
 	// NodePortAddresses limits NodePorts to the node's local addresses in
-	// these CIDRs; empty means every local address but loopback.
+	// these CIDRs; empty means every local address but loopback (unless
+	// NodePortPrimary).
 	NodePortAddresses []string
-	// NodeIPs are the node's primary addresses. An address of Family inside
-	// a Service's loadBalancerSourceRanges lets the node itself reach the
-	// load balancer IP, as kube-proxy's nodeIP does. Optional.
+	// NodePortPrimary limits NodePorts to the node's primary address of
+	// Family (see PrimaryIPs), as kube-proxy's nodePortAddresses
+	// "primary", upstream's default in nftables mode. A family without a
+	// primary address, or with a loopback one, takes NodePorts on every
+	// address, as upstream then does. NodePortAddresses must be empty.
+	NodePortPrimary bool
+	// NodeIPs are the node's primary addresses when set by hand
+	// (--bind-address): they override those of the table's NodeInfo, as
+	// kube-proxy's bindAddress overrides the Node's addresses. Optional.
 	NodeIPs []string
 	// ConntrackTCPBeLiberal must be set when the node sets
 	// net.netfilter.nf_conntrack_tcp_be_liberal: then INVALID packets need
 	// not be dropped on forwarding (kube-proxy checks the same sysctl).
+	// The nftables dataplane never drops them, as upstream's nftables
+	// mode, and ignores it.
 	ConntrackTCPBeLiberal bool
 	// LocalhostNodePorts accepts NodePorts on the node's IPv4 loopback
 	// addresses, as kube-proxy's iptables.localhostNodePorts: the iptables
@@ -193,6 +202,9 @@ func (s Settings) Validate() error {
 			errs = append(errs, fmt.Errorf("nodeIPs: %w", err))
 		}
 	}
+	if s.NodePortPrimary && len(s.NodePortAddresses) > 0 {
+		errs = append(errs, fmt.Errorf("nodePortAddresses %v: want none with NodePortPrimary", s.NodePortAddresses))
+	}
 	return errors.Join(errs...)
 }
 
@@ -237,10 +249,22 @@ func (s Settings) LocalCIDR(node *pb.NodeInfo) netip.Prefix {
 	return netip.Prefix{}
 }
 
-// NodePorts returns where NodePorts answer: on every local address (all),
-// or on the local addresses inside cidrs, the NodePortAddresses of the
-// family. A 0.0.0.0/0 or ::/0 among them means all.
-func (s Settings) NodePorts() (all bool, cidrs []netip.Prefix) {
+// NodePorts returns where NodePorts answer on node: on every local
+// address (all), or on the local addresses inside cidrs. With
+// NodePortPrimary the cidrs are the node's primary address of the family
+// as a /32 or /128, or all when it has none but loopback (upstream turns
+// "primary" into such CIDRs, and a family left without any matches all).
+// Otherwise they are the NodePortAddresses of the family, where a
+// 0.0.0.0/0 or ::/0 means all. node may be nil.
+func (s Settings) NodePorts(node *pb.NodeInfo) (all bool, cidrs []netip.Prefix) {
+	if s.NodePortPrimary {
+		for _, a := range s.PrimaryIPs(node) {
+			if !a.IsLoopback() {
+				cidrs = append(cidrs, netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
+		return len(cidrs) == 0, cidrs
+	}
 	if len(s.NodePortAddresses) == 0 {
 		return true, nil
 	}
@@ -255,12 +279,12 @@ func (s Settings) NodePorts() (all bool, cidrs []netip.Prefix) {
 // loopback addresses, as kube-proxy's iptables proxier decides: with
 // LocalhostNodePorts, in the IPv4 family, when NodePortAddresses take
 // 127.0.0.1 in (none of the family, a /0, or a CIDR holding 127.0.0.0 or
-// a loopback address). Only the iptables dataplane honours it.
-func (s Settings) LocalhostNodePortsOn() bool {
+// a loopback address) on node. Only the iptables dataplane honours it.
+func (s Settings) LocalhostNodePortsOn(node *pb.NodeInfo) bool {
 	if !s.LocalhostNodePorts || s.Family != IPv4 {
 		return false
 	}
-	all, cidrs := s.NodePorts()
+	all, cidrs := s.NodePorts(node)
 	return all || slices.ContainsFunc(cidrs, func(p netip.Prefix) bool {
 		return p.Overlaps(loopback4)
 	})
@@ -279,9 +303,28 @@ func (s Settings) LoopbackNodePortAddresses() []string {
 	return out
 }
 
-// NodeIPAddrs returns the node addresses of the family, sorted and unique.
+// NodeIPAddrs returns the NodeIPs of the family, sorted and unique.
 func (s Settings) NodeIPAddrs() []netip.Addr {
 	out := s.Family.Addrs(s.NodeIPs)
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// PrimaryIPs returns the node's primary addresses of the family, as
+// kube-proxy's detectNodeIPs finds its node IP: the NodeIPs of the family
+// (--bind-address) when there are any, else those the control plane read
+// from the Node (NodeInfo.node_ips, at most one per family); sorted and
+// unique. An address of the family inside a Service's
+// loadBalancerSourceRanges lets the node itself reach the load balancer
+// IP, as kube-proxy's nodeIP does. node may be nil.
+func (s Settings) PrimaryIPs(node *pb.NodeInfo) []netip.Addr {
+	if out := s.NodeIPAddrs(); len(out) > 0 {
+		return out
+	}
+	out := s.Family.Addrs(node.GetNodeIps())
+	for i := range out {
+		out[i] = out[i].WithZone("")
+	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
 }

@@ -28,11 +28,11 @@ func TestSettings(t *testing.T) {
 	if got := s.LocalCIDR(node); got != netip.MustParsePrefix("10.244.0.0/16") {
 		t.Errorf("ClusterCIDR LocalCIDR = %v", got)
 	}
-	if all, cidrs := s.NodePorts(); all || len(cidrs) != 1 || cidrs[0] != netip.MustParsePrefix("192.168.100.0/24") {
+	if all, cidrs := s.NodePorts(nil); all || len(cidrs) != 1 || cidrs[0] != netip.MustParsePrefix("192.168.100.0/24") {
 		t.Errorf("NodePorts = %v, %v", all, cidrs)
 	}
 	s.NodePortAddresses = append(s.NodePortAddresses, "0.0.0.0/0")
-	if all, cidrs := s.NodePorts(); !all || cidrs != nil {
+	if all, cidrs := s.NodePorts(nil); !all || cidrs != nil {
 		t.Errorf("NodePorts with 0.0.0.0/0 = %v, %v", all, cidrs)
 	}
 	if got := s.NodeIPAddrs(); len(got) != 2 || got[0].String() != "192.168.100.1" || got[1].String() != "192.168.100.2" {
@@ -66,6 +66,50 @@ func TestSettings(t *testing.T) {
 	}
 }
 
+// TestNodePortsPrimary checks where NodePorts answer with
+// nodePortAddresses "primary", as upstream turns it into CIDRs: the
+// node's primary address of the family from the table, --bind-address
+// first; every address for a family without one, or with a loopback one.
+func TestNodePortsPrimary(t *testing.T) {
+	tests := []struct {
+		name    string
+		family  dataplane.Family
+		bind    []string // Settings.NodeIPs
+		node    *pb.NodeInfo
+		wantAll bool
+		want    []string
+	}{
+		{name: "IPv4 from the Node", family: dataplane.IPv4, node: &pb.NodeInfo{NodeIps: []string{"192.168.0.2", "fd00::2"}}, want: []string{"192.168.0.2/32"}},
+		{name: "IPv6 from the Node", family: dataplane.IPv6, node: &pb.NodeInfo{NodeIps: []string{"192.168.0.2", "fd00::2"}}, want: []string{"fd00::2/128"}},
+		{name: "no IPv6 on the Node: every IPv6 address", family: dataplane.IPv6, node: &pb.NodeInfo{NodeIps: []string{"192.168.0.2"}}, wantAll: true},
+		{name: "no table yet: every address", family: dataplane.IPv4, wantAll: true},
+		{name: "--bind-address wins", family: dataplane.IPv4, bind: []string{"192.168.0.9"}, node: &pb.NodeInfo{NodeIps: []string{"192.168.0.2"}}, want: []string{"192.168.0.9/32"}},
+		{name: "loopback: every address", family: dataplane.IPv4, bind: []string{"127.0.0.1"}, node: &pb.NodeInfo{NodeIps: []string{"192.168.0.2"}}, wantAll: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := dataplane.DefaultSettings(tt.family)
+			s.NodePortPrimary, s.NodeIPs = true, tt.bind
+			if err := s.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			all, cidrs := s.NodePorts(tt.node)
+			var got []string
+			for _, c := range cidrs {
+				got = append(got, c.String())
+			}
+			if all != tt.wantAll || strings.Join(got, ",") != strings.Join(tt.want, ",") {
+				t.Errorf("NodePorts = %v, %v; want %v, %v", all, got, tt.wantAll, tt.want)
+			}
+		})
+	}
+	s := dataplane.DefaultSettings(dataplane.IPv4)
+	s.NodePortPrimary, s.NodePortAddresses = true, []string{"10.0.0.0/8"}
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "NodePortPrimary") {
+		t.Errorf("Validate with primary and CIDRs = %v, want an error", err)
+	}
+}
+
 // TestLocalhostNodePorts checks when NodePorts answer on 127.0.0.1, as
 // upstream's iptables proxier decides, and which loopback
 // nodePortAddresses Validate accepts.
@@ -75,6 +119,8 @@ func TestLocalhostNodePorts(t *testing.T) {
 		family    dataplane.Family
 		on        bool
 		addresses []string
+		primary   bool
+		nodeIPs   []string // the table's NodeInfo.node_ips; 192.168.0.2 when nil
 		want      bool
 		wantErr   string
 	}{
@@ -84,13 +130,19 @@ func TestLocalhostNodePorts(t *testing.T) {
 		{name: "a loopback CIDR", family: dataplane.IPv4, on: true, addresses: []string{"10.0.0.0/8", "127.0.0.1/32"}, want: true},
 		{name: "no loopback CIDR", family: dataplane.IPv4, on: true, addresses: []string{"10.0.0.0/8"}, want: false},
 		{name: "IPv6 never", family: dataplane.IPv6, on: true, want: false},
+		{name: "primary", family: dataplane.IPv4, on: true, primary: true, want: false},
+		{name: "primary without a node IP of the family", family: dataplane.IPv4, on: true, primary: true, nodeIPs: []string{"fd00::2"}, want: true},
 		{name: "loopback CIDR without the setting", family: dataplane.IPv4, addresses: []string{"127.0.0.0/8"}, wantErr: "need localhostNodePorts"},
 		{name: "IPv6 loopback CIDR even with it", family: dataplane.IPv4, on: true, addresses: []string{"::1/128"}, wantErr: "not supported on IPv6"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := dataplane.DefaultSettings(tt.family)
-			s.LocalhostNodePorts, s.NodePortAddresses = tt.on, tt.addresses
+			s.LocalhostNodePorts, s.NodePortAddresses, s.NodePortPrimary = tt.on, tt.addresses, tt.primary
+			node := &pb.NodeInfo{NodeIps: tt.nodeIPs}
+			if tt.nodeIPs == nil {
+				node.NodeIps = []string{"192.168.0.2"}
+			}
 			err := s.Validate()
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
@@ -101,7 +153,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Validate: %v", err)
 			}
-			if got := s.LocalhostNodePortsOn(); got != tt.want {
+			if got := s.LocalhostNodePortsOn(node); got != tt.want {
 				t.Errorf("LocalhostNodePortsOn = %v, want %v", got, tt.want)
 			}
 		})

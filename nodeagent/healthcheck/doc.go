@@ -56,7 +56,9 @@
 // collide with the other), or, when Config.NodePortAddresses holds
 // prefixes of that family and no /0 among them, on each of the node's
 // addresses inside them, as kube-proxy's --nodeport-addresses and the
-// agent's dataplane do. A restricted family with no matching address gets
+// agent's dataplane do. With Config.NodePortAddressesFor the prefixes
+// come from each table's NodeInfo: nodePortAddresses "primary" is the
+// node's primary IPs, which the control plane sends. A restricted family with no matching address gets
 // no socket. The node's addresses are listed again at each Sync, so the
 // sockets follow address changes; when listing fails, the sockets stay
 // where they were, and before any success they listen on all addresses,

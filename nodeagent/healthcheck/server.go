@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -32,6 +33,11 @@ type Config struct {
 	// family with no prefix here, or with a /0, listens on all its
 	// addresses (the unspecified address).
 	NodePortAddresses []netip.Prefix
+	// NodePortAddressesFor, when set, replaces NodePortAddresses at each
+	// Sync with what it returns for the table's NodeInfo (which may be
+	// nil): nodePortAddresses "primary" limits health checks, as
+	// NodePorts, to the node's primary IPs, which the table carries.
+	NodePortAddressesFor func(node *pb.NodeInfo) []netip.Prefix
 	// Healthy reports the proxy's health, as kube-proxy's /healthz does
 	// without node eligibility (upstream leaves that out of service health
 	// checks). While it returns false every port answers 503. It is called
@@ -50,7 +56,6 @@ type Config struct {
 type Server struct {
 	cfg            Config
 	log            *slog.Logger
-	policy         addressPolicy
 	interfaceAddrs func() ([]net.Addr, error)
 
 	// served is what the handlers answer from. Sync replaces the map
@@ -62,6 +67,9 @@ type Server struct {
 	// never take it.
 	mu        sync.Mutex
 	listeners map[listenKey]*listener
+	// policy is where ports listen: from NodePortAddresses, or from
+	// NodePortAddressesFor and the last table.
+	policy addressPolicy
 	// addrs are the hosts last listened on per family, kept for when the
 	// node's addresses cannot be listed; nil before the first success.
 	addrs  *[numFamilies][]netip.Addr
@@ -135,6 +143,9 @@ func (s *Server) Sync(t *proxytable.Table) error {
 	var node string
 	if t != nil {
 		node = t.Node.GetName()
+		if s.cfg.NodePortAddressesFor != nil {
+			s.policy = newAddressPolicy(s.cfg.NodePortAddressesFor(t.Node))
+		}
 	}
 	want, errs := desired(t)
 	for _, err := range errs {

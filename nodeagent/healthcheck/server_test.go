@@ -413,6 +413,43 @@ func TestNodePortAddresses(t *testing.T) {
 	}
 }
 
+// TestNodePortAddressesFor checks nodePortAddresses "primary": the
+// addresses come from each table's NodeInfo, and follow it.
+func TestNodePortAddressesFor(t *testing.T) {
+	ifaddrs := []net.Addr{
+		&net.IPNet{IP: net.ParseIP("127.0.0.1"), Mask: net.CIDRMask(8, 32)},
+		&net.IPNet{IP: net.ParseIP("127.0.0.2"), Mask: net.CIDRMask(8, 32)},
+	}
+	lb := &loopback{}
+	primary := func(node *pb.NodeInfo) []netip.Prefix {
+		var out []netip.Prefix
+		for _, ip := range node.GetNodeIps() {
+			a := netip.MustParseAddr(ip)
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+		}
+		return out
+	}
+	s := newServer(Config{NodePortAddressesFor: primary, Listen: lb.listen},
+		slog.New(slog.NewTextHandler(t.Output(), nil)),
+		func() ([]net.Addr, error) { return ifaddrs, nil })
+	t.Cleanup(func() { _ = s.Close() })
+	port := freePort(t, false)
+	tbl := tableOf(lbService("web", port, ready(1)))
+	tbl.Node = &pb.NodeInfo{Name: tbl.Node.GetName(), NodeIps: []string{"127.0.0.2"}}
+	if err := s.Sync(tbl); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	wantReply(t, get(t, addr("127.0.0.2", port)), http.StatusOK, "web", 1, true)
+	wantRefused(t, addr("127.0.0.1", port))
+
+	tbl.Node = &pb.NodeInfo{Name: tbl.Node.GetName(), NodeIps: []string{"127.0.0.1"}}
+	if err := s.Sync(tbl); err != nil {
+		t.Fatalf("Sync: %v", err)
+	}
+	wantReply(t, get(t, addr("127.0.0.1", port)), http.StatusOK, "web", 1, true)
+	wantRefused(t, addr("127.0.0.2", port))
+}
+
 // TestConcurrentRequestsAndSyncs lets the race detector watch handlers
 // read while Sync replaces what they read, and checks that each answer
 // is consistent in itself.

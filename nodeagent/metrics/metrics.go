@@ -10,6 +10,9 @@
 package metrics
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -184,6 +187,18 @@ var (
 		Namespace: "proxyplane_agent", Name: "connected",
 		Help: "1 while a Sync stream to a control plane is open.",
 	})
+	// ControlPlaneLastAnsweredTimestamp is when a control plane last
+	// answered the agent: the time of the scrape while a Sync stream is
+	// open, else when the last one ended (or when the agent started, if
+	// none has opened since). time() minus it is how stale the table in
+	// force may be: the cluster's changes since then have not reached the
+	// node. It is how a control plane outage shows, since /healthz does
+	// not fail for one unless --control-plane-timeout is set
+	// (ObserveConnected sets it).
+	ControlPlaneLastAnsweredTimestamp = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "proxyplane_agent", Name: "control_plane_last_answered_timestamp_seconds",
+		Help: "When a control plane last answered: now while a Sync stream is open, else when the last one ended (or the agent started). time() minus this is the age of what the agent knows of the cluster.",
+	}, lastAnswered.seconds)
 	// AppliedVersion carries the version in force as a label, value 1.
 	AppliedVersion = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: "proxyplane_agent", Name: "applied_version_info",
@@ -204,6 +219,20 @@ var (
 	HealthCheckErrorsTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "proxyplane_agent", Name: "healthcheck_errors_total",
 		Help: "Health check server updates that could not serve every healthCheckNodePort.",
+	})
+	// LeftoverObjectsRemovedTotal counts what the agent removed, after its
+	// first successful sync, of the rules other modes and iptables
+	// backends left on the node (chains, jumps, tables, virtual servers,
+	// addresses, sets), by the mode that left them: a mode switch.
+	LeftoverObjectsRemovedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "proxyplane_agent", Name: "leftover_objects_removed_total",
+		Help: "Objects that other proxy modes or iptables backends left, removed once this mode's rules were in force.",
+	}, []string{"mode"})
+	// LeftoverCleanupErrorsTotal counts failed removals of other modes'
+	// leftovers; each is retried after the next successful sync.
+	LeftoverCleanupErrorsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "proxyplane_agent", Name: "leftover_cleanup_errors_total",
+		Help: "Failed removals of what other proxy modes or iptables backends left; retried after the next sync.",
 	})
 )
 
@@ -232,5 +261,53 @@ func Register(r prometheus.Registerer, mode string) {
 		r.MustRegister(SyncFullProxyRulesDuration, SyncPartialProxyRulesDuration, NFTablesSyncFailuresTotal)
 	}
 	r.MustRegister(ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal)
-	r.MustRegister(Connected, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal)
+	r.MustRegister(Connected, ControlPlaneLastAnsweredTimestamp, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal)
+	r.MustRegister(LeftoverObjectsRemovedTotal, LeftoverCleanupErrorsTotal)
+}
+
+// lastAnswered is what ControlPlaneLastAnsweredTimestamp reads.
+var lastAnswered = &answered{now: time.Now}
+
+// answered tracks whether a control plane answers, and since when none
+// has.
+type answered struct {
+	now func() time.Time
+
+	mu sync.Mutex // guards the fields below
+	up bool
+	// at is when the last stream ended, or the agent started; zero until
+	// ObserveConnected is first called.
+	at time.Time
+}
+
+// seconds is the gauge's value: now while up, else at (0 if unknown).
+func (a *answered) seconds() float64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.up:
+		return float64(a.now().UnixNano()) / 1e9
+	case a.at.IsZero():
+		return 0
+	}
+	return float64(a.at.UnixNano()) / 1e9
+}
+
+// observe records at now that a stream is (up) or is no longer open.
+func (a *answered) observe(up bool, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !up && (a.up || a.at.IsZero()) {
+		a.at = now
+	}
+	a.up = up
+}
+
+// ObserveConnected records at now that a Sync stream to a control plane
+// opened (up) or that none is open: proxyplane_agent_connected and
+// ControlPlaneLastAnsweredTimestamp. The agent calls it with false at
+// start, from when the latter counts until a first stream opens.
+func ObserveConnected(up bool, now time.Time) {
+	Connected.Set(map[bool]float64{true: 1, false: 0}[up])
+	lastAnswered.observe(up, now)
 }

@@ -136,6 +136,12 @@ func (t *Table) validate(entries []*pb.ServiceEntry, ve *ValidationError) error 
 	if err := validateServiceCIDRs(t.Node.GetServiceCidrs()); err != nil {
 		ve.Table = append(ve.Table, err)
 	}
+	if err := validateNodeIPs(t.Node.GetNodeIps()); err != nil {
+		ve.Table = append(ve.Table, err)
+	}
+	if err := validateControlPlaneAddresses(t.Node.GetControlPlaneAddresses()); err != nil {
+		ve.Table = append(ve.Table, err)
+	}
 	sum := t.Node.GetHash()
 	for _, e := range t.Entries {
 		sum += e.GetHash()

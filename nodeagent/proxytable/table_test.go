@@ -61,6 +61,10 @@ func TestFromSnapshot(t *testing.T) {
 		{"service CIDRs", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.0/16", "fd00:96::/112"} }), "", true},
 		{"service CIDR not a prefix", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.1"} }), "", false},
 		{"service CIDR with host bits", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.1/16"} }), "", false},
+		{"node IPs", withNode(snap(), func(n *pb.NodeInfo) { n.NodeIps = []string{"192.168.0.2", "fd00::2"} }), "", true},
+		{"node IP not an address", withNode(snap(), func(n *pb.NodeInfo) { n.NodeIps = []string{"node-a"} }), "", false},
+		{"node IP not canonical", withNode(snap(), func(n *pb.NodeInfo) { n.NodeIps = []string{"FD00::2"} }), "", false},
+		{"two node IPs of a family", withNode(snap(), func(n *pb.NodeInfo) { n.NodeIps = []string{"192.168.0.2", "192.168.0.3"} }), "", false},
 		{"duplicate key", snap(entry("a", 1), entry("a", 1)), "default/a", false},
 		{"key does not match", func() *pb.Snapshot { e := entry("a", 1); e.Key = "default/b"; return snap(e) }(), "default/b", false},
 		{"no service", func() *pb.Snapshot { e := entry("a", 1); e.Service = nil; return snap(e) }(), "default/a", false},
@@ -81,6 +85,61 @@ func TestFromSnapshot(t *testing.T) {
 		})), "default/a", false},
 		{"affinity timeout", snap(entry("a", 1, func(s *pb.Service) { s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: 0} })), "default/a", false},
 		{"health check port", snap(entry("a", 1, func(s *pb.Service) { s.HealthCheckNodePort = -1 })), "default/a", false},
+
+		// The API server's own rules (issue 21): what it would never have
+		// let a Service hold, a rogue replica must not either.
+		{"port name that injects a rule", snap(entry("a", 1, func(s *pb.Service) {
+			s.Ports[0].Name = "\"\n-I INPUT 1 -j ACCEPT\n"
+			s.ClusterEndpoints[0].PortName = s.Ports[0].Name
+		})), "default/a", false},
+		{"port name too long", snap(entry("a", 1, func(s *pb.Service) {
+			s.Ports[0].Name = strings.Repeat("p", 64)
+			s.ClusterEndpoints[0].PortName = s.Ports[0].Name
+		})), "default/a", false},
+		{"unnamed port among several", snap(entry("a", 1, func(s *pb.Service) {
+			s.Ports = append(s.Ports, &pb.ServicePort{Protocol: pb.Protocol_PROTOCOL_UDP, Port: 53})
+		})), "default/a", false},
+		{"same protocol and port twice", snap(entry("a", 1, func(s *pb.Service) {
+			s.Ports = append(s.Ports, &pb.ServicePort{Name: "alt", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80})
+		})), "default/a", false},
+		{"same port on two protocols", snap(entry("a", 1, func(s *pb.Service) {
+			s.Ports = append(s.Ports, &pb.ServicePort{Name: "dns", Protocol: pb.Protocol_PROTOCOL_UDP, Port: 80, NodePort: 30080})
+		})), "", true},
+		{"namespace not a DNS label", func() *pb.Snapshot {
+			e := entry("a", 1, func(s *pb.Service) { s.Namespace = "De fault" })
+			e.Key = "De fault/a"
+			return snap(e)
+		}(), "De fault/a", false},
+		{"name not a DNS-1035 label", func() *pb.Snapshot {
+			e := entry("1a", 1)
+			return snap(e)
+		}(), "default/1a", false},
+		{"name with a newline", func() *pb.Snapshot {
+			e := entry("a\n-A", 1)
+			return snap(e)
+		}(), "default/a\n-A", false},
+		{"three cluster IPs", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = append(s.ClusterIps, "10.96.0.11") })), "default/a", false},
+		{"two cluster IPs of a family", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = []string{"10.96.0.10", "10.96.0.11"} })), "default/a", false},
+		{"loopback cluster IP", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = []string{"127.0.0.1"} })), "default/a", false},
+		{"IPv4-mapped cluster IP", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = []string{"::ffff:10.96.0.10"} })), "default/a", false},
+		{"unspecified external IP", snap(entry("a", 1, func(s *pb.Service) { s.ExternalIps = []string{"0.0.0.0"} })), "default/a", false},
+		{"link-local external IP", snap(entry("a", 1, func(s *pb.Service) { s.ExternalIps = []string{"fe80::1"} })), "default/a", false},
+		{"metadata load balancer IP", snap(entry("a", 1, func(s *pb.Service) { s.LoadBalancerIps = []string{"169.254.169.254"} })), "default/a", false},
+		{"multicast load balancer IP", snap(entry("a", 1, func(s *pb.Service) { s.LoadBalancerIps = []string{"239.1.1.1"} })), "default/a", false},
+		{"link-local multicast external IP", snap(entry("a", 1, func(s *pb.Service) { s.ExternalIps = []string{"224.0.0.251"} })), "default/a", false},
+		// The API server takes it, so a Service author could otherwise
+		// make every agent NACK.
+		{"multicast external IP", snap(entry("a", 1, func(s *pb.Service) { s.ExternalIps = []string{"239.1.1.1"} })), "", true},
+		{"cluster IP with leading zeros", snap(entry("a", 1, func(s *pb.Service) { s.ClusterIps = []string{"10.96.0.010"} })), "default/a", false},
+		{"loopback endpoint", snap(entry("a", 1, func(s *pb.Service) { s.ClusterEndpoints[0].Endpoints[0].Ip = "127.0.0.1" })), "default/a", false},
+		{"metadata endpoint", snap(entry("a", 1, func(s *pb.Service) { s.ClusterEndpoints[0].Endpoints[0].Ip = "169.254.169.254" })), "default/a", false},
+		{"service CIDR 0.0.0.0/0", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"0.0.0.0/0"} }), "", false},
+		{"service CIDR ::/0", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"::/0"} }), "", false},
+		{"service CIDR wider than /8", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.0.0.0/7"} }), "", false},
+		{"service CIDR wider than /64", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"fd00::/48"} }), "", false},
+		{"service CIDR of loopback", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"127.0.0.0/8"} }), "", false},
+		{"service CIDR of link-local", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"169.254.0.0/16"} }), "", false},
+		{"service CIDRs as large as allowed", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.0.0.0/8", "fd00::/64"} }), "", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -198,6 +198,31 @@ func (s *Setter) ensure(ctx context.Context, path string, v int) error {
 	return nil
 }
 
+// Setting is a sysctl and the value a proxy mode needs it to hold.
+type Setting struct {
+	// Path is the file, absolute: /proc/sys/net/ipv4/vs/conntrack.
+	Path string
+	// Value is what it must hold.
+	Value int
+}
+
+// Set writes each of settings whose file holds another value, in order,
+// and stops at the first failure: the sysctls a proxy mode needs (IPVS's),
+// which the privileged init container (--init-only) sets because the
+// agent's /proc/sys is read-only.
+func (s *Setter) Set(ctx context.Context, settings []Setting) error {
+	for _, st := range settings {
+		if cur, err := s.k.ReadInt(st.Path); err == nil && cur == st.Value {
+			continue
+		}
+		s.log.InfoContext(ctx, "setting sysctl", "path", st.Path, "value", st.Value)
+		if err := s.k.WriteInt(st.Path, st.Value); err != nil {
+			return fmt.Errorf("setting a sysctl the proxy mode needs: %w", err)
+		}
+	}
+	return nil
+}
+
 // TCPBeLiberal reports whether nf_conntrack_tcp_be_liberal is set: then,
 // as in kube-proxy's proxiers, out-of-window packets are not INVALID and
 // the dataplanes need not drop INVALID packets. An unreadable sysctl

@@ -176,3 +176,32 @@ func TestCountCPUList(t *testing.T) {
 		}
 	}
 }
+
+func TestSet(t *testing.T) {
+	const (
+		vsConntrack = "/proc/sys/net/ipv4/vs/conntrack"
+		vsExpire    = "/proc/sys/net/ipv4/vs/expire_nodest_conn"
+		forward     = "/proc/sys/net/ipv4/ip_forward"
+	)
+	k := newFakeKernel(8, map[string]int{vsConntrack: 0, vsExpire: 1, forward: 0})
+	s := newSetter(k, slog.New(slog.DiscardHandler))
+	if err := s.Set(context.Background(), []Setting{{vsConntrack, 1}, {vsExpire, 1}, {forward, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{forward + "=1", vsConntrack + "=1"}; !slices.Equal(k.sortedWrites(), want) {
+		t.Errorf("writes = %v, want only the differing ones %v", k.sortedWrites(), want)
+	}
+
+	// A read-only /proc/sys fails, naming the file; one already right
+	// needs no write.
+	k = newFakeKernel(8, map[string]int{vsConntrack: 1, forward: 0})
+	k.readOnly[vsConntrack], k.readOnly[forward] = true, true
+	s = newSetter(k, slog.New(slog.DiscardHandler))
+	if err := s.Set(context.Background(), []Setting{{vsConntrack, 1}}); err != nil {
+		t.Errorf("Set of a value already right on a read-only file: %v", err)
+	}
+	err := s.Set(context.Background(), []Setting{{forward, 1}})
+	if !IsReadOnly(err) || !strings.Contains(err.Error(), forward) {
+		t.Errorf("Set on a read-only file: %v, want a read-only error naming %s", err, forward)
+	}
+}

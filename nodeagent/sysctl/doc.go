@@ -3,7 +3,8 @@
 // size, scaled with the CPUs, and the TCP and UDP timeouts, each written
 // only when it differs from the kernel's value, so that an agent without
 // the rights to write (a read-only /proc/sys) starts where an earlier
-// privileged run (--init-only) has set them already.
+// privileged run (--init-only) has set them already. Set writes, the same
+// way, the sysctls a proxy mode needs (IPVS's), for --init-only.
 //
 // The kernel is reached through Kernel, a seam over the /proc/sys and /sys
 // files, with a fake for tests. Most nf_conntrack sysctls belong to the

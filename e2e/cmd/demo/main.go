@@ -29,6 +29,17 @@ import (
 	"github.com/proxyplane/proxyplane/internal/nstest"
 )
 
+// keepWritingAfterReaderGoes makes a write to a closed stdout or stderr
+// fail with EPIPE instead of killing the process. Ctrl-C reaches a whole
+// pipeline (`make demo 2>&1 | tee demo.log`): tee exits at once, and the
+// Go runtime's default for a broken pipe on fd 1 or 2 is to die of
+// SIGPIPE, which ended the teardown at its first line and left the box's
+// namespaces behind. What the demo prints is for people; the teardown is
+// not.
+func keepWritingAfterReaderGoes() {
+	signal.Ignore(syscall.SIGPIPE)
+}
+
 // startTimeout bounds bringing the box up; the API server alone takes a
 // few seconds, the first tables a few more.
 const startTimeout = 3 * time.Minute
@@ -38,6 +49,7 @@ func main() {
 }
 
 func run() (code int) {
+	keepWritingAfterReaderGoes()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "demo: needs root: it creates network namespaces and programs iptables inside them (run `sudo make demo`)")
 		return 1

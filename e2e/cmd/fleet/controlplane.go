@@ -34,6 +34,10 @@ type controlPlane struct {
 	proc       *proc
 	// insecure records whether --insecure was passed.
 	insecure bool
+	// readersOwnAudience records that the binary takes readers' tokens
+	// for its own audience only (it has --agent-daemonset, which came
+	// with that rule); older ones take the API server's.
+	readersOwnAudience bool
 	// client and conn are the harness's own client (connect).
 	client pb.TableServiceClient
 	conn   *grpc.ClientConn
@@ -97,6 +101,11 @@ func newControlPlane(ctx context.Context, cfg controlPlaneConfig) (*controlPlane
 	case cfg.Secure:
 		cp.args = append(cp.args, "--namespace="+secureNamespace, "--token-audience="+tokenAudience,
 			"--agent-service-account="+secureNamespace+"/"+agentServiceAccount)
+		// The DaemonSet is left to its default, the harness's name: older
+		// binaries have no such flag.
+		if cp.readersOwnAudience, err = listsFlag(ctx, cfg.Binary, "--agent-daemonset"); err != nil {
+			return nil, err
+		}
 	case hasInsecure:
 		cp.insecure = true
 		cp.args = append(cp.args, "--insecure")

@@ -11,8 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -29,6 +32,14 @@ import (
 const (
 	secureNamespace     = "proxyplane-system"
 	agentServiceAccount = "proxyplane-nodeagent"
+	// agentDaemonSet controls every agent Pod, as deploy/'s DaemonSet
+	// does (the control plane's default --agent-daemonset): the control
+	// plane accepts only tokens bound to its Pods. No controller runs, so
+	// it creates nothing itself.
+	agentDaemonSet = "proxyplane-nodeagent"
+	// readerServiceAccount is the harness's own identity for ListNodes:
+	// it may list EndpointSlices, and its token is for tokenAudience.
+	readerServiceAccount = "proxyplane-fleet-reader"
 	// agentPodPrefix names node i's Pod agentPodPrefix<i, 5 digits>.
 	agentPodPrefix = "proxyplane-nodeagent-"
 	// tokenAudience is deploy/nodeagent.yaml's projected audience.
@@ -59,9 +70,11 @@ type identityFigures struct {
 	CAPublished time.Duration `json:"caPublished"`
 }
 
-// agentCredentials are the files the agents' process reads.
+// agentCredentials are the files the agents' process reads, and the
+// harness's own reader token.
 type agentCredentials struct {
 	caFile, tokenFile string
+	readerToken       string
 }
 
 // createIdentities creates the namespace, the agents' ServiceAccount, a
@@ -82,11 +95,22 @@ func createIdentities(ctx context.Context, css []kubernetes.Interface, nodes, wo
 		return f, fmt.Errorf("creating ServiceAccount %s/%s: %w", secureNamespace, agentServiceAccount, err)
 	}
 
+	ds, err := cs.AppsV1().DaemonSets(secureNamespace).Create(ctx, agentDaemonSetObject(), metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		ds, err = cs.AppsV1().DaemonSets(secureNamespace).Get(ctx, agentDaemonSet, metav1.GetOptions{})
+	}
+	if err != nil {
+		return f, fmt.Errorf("creating DaemonSet %s/%s: %w", secureNamespace, agentDaemonSet, err)
+	}
+	owner := metav1.NewControllerRef(ds, appsv1.SchemeGroupVersion.WithKind("DaemonSet"))
+
 	t0 := time.Now()
 	// A token is bound to its Pod by name and UID.
 	uids := make([]types.UID, nodes)
 	if err := parallel(ctx, workers, nodes, func(ctx context.Context, worker, i int) error {
-		p, err := css[worker%len(css)].CoreV1().Pods(secureNamespace).Create(ctx, agentPod(i), metav1.CreateOptions{})
+		pod := agentPod(i)
+		pod.OwnerReferences = []metav1.OwnerReference{*owner}
+		p, err := css[worker%len(css)].CoreV1().Pods(secureNamespace).Create(ctx, pod, metav1.CreateOptions{})
 		if err != nil {
 			return fmt.Errorf("creating Pod %s: %w", agentPodName(i), err)
 		}
@@ -133,6 +157,71 @@ func createIdentities(ctx context.Context, css []kubernetes.Interface, nodes, wo
 }
 
 func agentPodName(i int) string { return fmt.Sprintf("%s%05d", agentPodPrefix, i) }
+
+// agentDaemonSetObject is the agents' DaemonSet, owner of agentPod's.
+func agentDaemonSetObject() *appsv1.DaemonSet {
+	labels := map[string]string{"app.kubernetes.io/name": agentServiceAccount}
+	return &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Name: agentDaemonSet, Namespace: secureNamespace},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName: agentServiceAccount,
+					Containers:         []corev1.Container{{Name: "nodeagent", Image: "proxyplane/nodeagent:fleet"}},
+				},
+			},
+		},
+	}
+}
+
+// createReader creates readerServiceAccount, a ClusterRole that may list
+// EndpointSlices and its binding, and returns a token of it for
+// tokenAudience once RBAC admits it: what an operator's grpcurl holds.
+func createReader(ctx context.Context, cs kubernetes.Interface, timeout time.Duration) (string, error) {
+	name := readerServiceAccount
+	if _, err := cs.CoreV1().ServiceAccounts(secureNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("creating ServiceAccount %s/%s: %w", secureNamespace, name, err)
+	}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list"}}},
+	}
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("creating ClusterRole %s: %w", name, err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: secureNamespace, Name: name}},
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", fmt.Errorf("creating ClusterRoleBinding %s: %w", name, err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts(secureNamespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{tokenAudience}, ExpirationSeconds: ptr.To(int64(tokenLifetime / time.Second))},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("requesting a token for %s: %w", name, err)
+	}
+	// The RBAC authorizer learns of the binding through an informer.
+	user := "system:serviceaccount:" + secureNamespace + ":" + name
+	err = poll(ctx, "RBAC to admit "+user, 20*time.Millisecond, timeout, func(ctx context.Context) (bool, error) {
+		r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + secureNamespace, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "list", Group: "discovery.k8s.io", Resource: "endpointslices"},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			return false, fmt.Errorf("asking whether %s may list EndpointSlices: %w", user, err)
+		}
+		return r.Status.Allowed, nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return tr.Status.Token, nil
+}
 
 // agentPod is node i's Pod of the agents' DaemonSet, as the DaemonSet
 // controller would create it (deploy/nodeagent.yaml's identity; the
@@ -183,13 +272,22 @@ func (h *harness) setupSecure(ctx context.Context) error {
 	h.creds = &agentCredentials{caFile: filepath.Join(h.o.Dir, "ca.crt"), tokenFile: filepath.Join(h.o.Dir, "agent-tokens")}
 	f, err := createIdentities(ctx, h.css, h.o.Nodes, h.o.Workers, h.creds.tokenFile)
 	h.res.Identities = &f
+	if err != nil {
+		return err
+	}
+	h.creds.readerToken, err = createReader(ctx, h.css[0], h.o.PhaseTimeout)
 	return err
 }
 
 // connectSecure waits for the CA bundle of the control plane just
 // started, and connects the harness's own client with it and a reader's
-// token: the admin's, which the control plane reviews like any reader's.
+// token: readerServiceAccount's for the control plane's audience, or,
+// for binaries that take readers' tokens for the API server's, the
+// admin's, which the control plane reviews like any reader's.
 func (h *harness) connectSecure(ctx context.Context, adminToken string) error {
+	if h.cp.readersOwnAudience {
+		adminToken = h.creds.readerToken
+	}
 	if adminToken == "" {
 		return errors.New("the admin kubeconfig has no bearer token for the harness's ListNodes calls")
 	}

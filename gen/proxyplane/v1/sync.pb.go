@@ -1324,6 +1324,9 @@ type Event struct {
 	// EndpointSlice, the Service its kubernetes.io/service-name label names.
 	Service string `protobuf:"bytes,4,opt,name=service,proto3" json:"service,omitempty"`
 	// "InvalidService": the Service is absent from every table.
+	// "InvalidValue": some values of the Service (external IPs, load
+	// balancer ingress IPs, source ranges) are left out; the rest of it is
+	// proxied.
 	// "InvalidEndpoint": some endpoints or ports of the EndpointSlice are
 	// left out; the rest of it is used.
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`

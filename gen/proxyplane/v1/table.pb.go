@@ -214,7 +214,37 @@ type NodeInfo struct {
 	// ClusterIP of the table holds (unallocated, or of a Service not
 	// proxied here) instead of routing them off the node. Empty when the
 	// API server serves no ServiceCIDRs: nothing is dropped then.
-	ServiceCidrs  []string `protobuf:"bytes,6,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	ServiceCidrs []string `protobuf:"bytes,6,rep,name=service_cidrs,json=serviceCidrs,proto3" json:"service_cidrs,omitempty"`
+	// The node's primary IPs from status.addresses, chosen as upstream
+	// kube-proxy chooses them (GetNodeHostIPs): the first InternalIP, or
+	// the first ExternalIP when there is none, then the first address of
+	// the other family, InternalIPs before ExternalIPs. At most one per
+	// family, the primary family first; empty when the Node does not exist
+	// or lists no such address. With nodePortAddresses "primary" (the
+	// default in nftables mode, as upstream) the agent accepts NodePorts
+	// on these addresses only, or, for a family without one here or in its
+	// --bind-address, on every address of that family; they also tell the
+	// node's own traffic apart in loadBalancerSourceRanges.
+	NodeIps []string `protobuf:"bytes,7,rep,name=node_ips,json=nodeIps,proto3" json:"node_ips,omitempty"`
+	// The control plane's current replica addresses, "host:port" as
+	// net.JoinHostPort renders them (IPv6 in brackets), for the agent to
+	// dial besides its configured --control-plane list, which is then only
+	// a seed: the ready endpoints of the control plane's own Service
+	// (proxyplane-controlplane in the control plane's namespace) on its
+	// port named "grpc". The replicas use host networking, so these are
+	// node addresses, both families. Sorted, each once, at most 32; the
+	// same on every node. Empty when unknown (the Service or its
+	// EndpointSlices missing, or no replica ready): the agent then keeps
+	// to its configured list. The agent persists them with the table and
+	// dials them after a restart too; TLS still verifies the control
+	// plane's name on every address, so an address here never makes an
+	// agent trust another server.
+	ControlPlaneAddresses []string `protobuf:"bytes,8,rep,name=control_plane_addresses,json=controlPlaneAddresses,proto3" json:"control_plane_addresses,omitempty"`
+	// No Node object of this name exists: not registered yet, or deleted.
+	// The agent's /healthz then answers 503 as for to_be_deleted
+	// (kube-proxy's nodeEligible is false without its Node), so that load
+	// balancers send nothing to a node the cluster does not know.
+	Unregistered  bool `protobuf:"varint,9,opt,name=unregistered,proto3" json:"unregistered,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -289,6 +319,27 @@ func (x *NodeInfo) GetServiceCidrs() []string {
 		return x.ServiceCidrs
 	}
 	return nil
+}
+
+func (x *NodeInfo) GetNodeIps() []string {
+	if x != nil {
+		return x.NodeIps
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetControlPlaneAddresses() []string {
+	if x != nil {
+		return x.ControlPlaneAddresses
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetUnregistered() bool {
+	if x != nil {
+		return x.Unregistered
+	}
+	return false
 }
 
 // ServiceEntry is one Service in a node's table, keyed by "namespace/name".
@@ -381,14 +432,20 @@ type Service struct {
 	// spec.clusterIPs: one per IP family, primary family first.
 	ClusterIps []string `protobuf:"bytes,4,rep,name=cluster_ips,json=clusterIps,proto3" json:"cluster_ips,omitempty"`
 	// spec.externalIPs: addresses routed to the node that the service
-	// answers on, with the external traffic policy.
+	// answers on, with the external traffic policy. Values that are not IP
+	// addresses are left out, as upstream does.
 	ExternalIps []string `protobuf:"bytes,5,rep,name=external_ips,json=externalIps,proto3" json:"external_ips,omitempty"`
 	// status.loadBalancer.ingress IPs in VIP mode. Entries with ipMode Proxy
 	// are left out, as upstream does: that load balancer delivers traffic to
-	// the node itself, so the node must not capture the IP.
+	// the node itself, so the node must not capture the IP. Values that are
+	// not IP addresses are left out too.
 	LoadBalancerIps []string `protobuf:"bytes,6,rep,name=load_balancer_ips,json=loadBalancerIps,proto3" json:"load_balancer_ips,omitempty"`
 	// spec.loadBalancerSourceRanges as CIDRs: when non-empty, traffic to the
-	// load balancer IPs from any other source is dropped.
+	// load balancer IPs from any other source is dropped, in both families
+	// (a family with no range of its own admits no one). Invalid ranges are
+	// left out, as upstream does; when every range is invalid the list is
+	// the single "0.0.0.0/32", a source no packet carries, so that the load
+	// balancer admits no one rather than everyone.
 	LoadBalancerSourceRanges []string `protobuf:"bytes,7,rep,name=load_balancer_source_ranges,json=loadBalancerSourceRanges,proto3" json:"load_balancer_source_ranges,omitempty"`
 	// spec.externalTrafficPolicy; CLUSTER when the Service has no external
 	// addresses.
@@ -412,8 +469,20 @@ type Service struct {
 	// everything else in the entry is the same on every node of a topology
 	// class and is encoded once; this list is the only node-specific part.
 	LocalEndpoints []*PortEndpoints `protobuf:"bytes,14,rep,name=local_endpoints,json=localEndpoints,proto3" json:"local_endpoints,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Every serving endpoint of the Service in the cluster (ready, or
+	// serving and terminating; on any node and in any zone, whatever the
+	// traffic policies), one entry per UDP port that has any endpoint
+	// cluster_endpoints and local_endpoints leave out. Read only by stale
+	// UDP conntrack cleanup, which keeps a flow DNATed to any serving
+	// endpoint as upstream (pkg/proxy/conntrack CleanStaleEntries): a
+	// topology change or a terminating endpoint must not move a long-lived
+	// UDP flow. Never programmed. It depends on the Service alone, so it is
+	// part of the shared encoding; empty when the node's sets already hold
+	// every serving endpoint (no topology, no Local policy, no terminating
+	// endpoint beside ready ones), which is most Services.
+	UdpServingEndpoints []*PortEndpoints `protobuf:"bytes,15,rep,name=udp_serving_endpoints,json=udpServingEndpoints,proto3" json:"udp_serving_endpoints,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Service) Reset() {
@@ -540,6 +609,13 @@ func (x *Service) GetClusterEndpoints() []*PortEndpoints {
 func (x *Service) GetLocalEndpoints() []*PortEndpoints {
 	if x != nil {
 		return x.LocalEndpoints
+	}
+	return nil
+}
+
+func (x *Service) GetUdpServingEndpoints() []*PortEndpoints {
+	if x != nil {
+		return x.UdpServingEndpoints
 	}
 	return nil
 }
@@ -818,19 +894,22 @@ var File_proxyplane_v1_table_proto protoreflect.FileDescriptor
 
 const file_proxyplane_v1_table_proto_rawDesc = "" +
 	"\n" +
-	"\x19proxyplane/v1/table.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n" +
+	"\x19proxyplane/v1/table.proto\x12\rproxyplane.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x02\n" +
 	"\bNodeInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04zone\x18\x02 \x01(\tR\x04zone\x12\x1b\n" +
 	"\tpod_cidrs\x18\x03 \x03(\tR\bpodCidrs\x12\x12\n" +
 	"\x04hash\x18\x04 \x01(\x06R\x04hash\x12\"\n" +
 	"\rto_be_deleted\x18\x05 \x01(\bR\vtoBeDeleted\x12#\n" +
-	"\rservice_cidrs\x18\x06 \x03(\tR\fserviceCidrs\"\xa5\x01\n" +
+	"\rservice_cidrs\x18\x06 \x03(\tR\fserviceCidrs\x12\x19\n" +
+	"\bnode_ips\x18\a \x03(\tR\anodeIps\x126\n" +
+	"\x17control_plane_addresses\x18\b \x03(\tR\x15controlPlaneAddresses\x12\"\n" +
+	"\funregistered\x18\t \x01(\bR\funregistered\"\xa5\x01\n" +
 	"\fServiceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x12\n" +
 	"\x04hash\x18\x02 \x01(\x06R\x04hash\x120\n" +
 	"\aservice\x18\x03 \x01(\v2\x16.proxyplane.v1.ServiceR\aservice\x12=\n" +
-	"\ftrigger_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vtriggerTime\"\x8a\x06\n" +
+	"\ftrigger_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vtriggerTime\"\xdc\x06\n" +
 	"\aService\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12.\n" +
@@ -847,7 +926,8 @@ const file_proxyplane_v1_table_proto_rawDesc = "" +
 	"\x10session_affinity\x18\v \x01(\v2\x1e.proxyplane.v1.SessionAffinityR\x0fsessionAffinity\x120\n" +
 	"\x05ports\x18\f \x03(\v2\x1a.proxyplane.v1.ServicePortR\x05ports\x12I\n" +
 	"\x11cluster_endpoints\x18\r \x03(\v2\x1c.proxyplane.v1.PortEndpointsR\x10clusterEndpoints\x12E\n" +
-	"\x0flocal_endpoints\x18\x0e \x03(\v2\x1c.proxyplane.v1.PortEndpointsR\x0elocalEndpoints\"\xac\x01\n" +
+	"\x0flocal_endpoints\x18\x0e \x03(\v2\x1c.proxyplane.v1.PortEndpointsR\x0elocalEndpoints\x12P\n" +
+	"\x15udp_serving_endpoints\x18\x0f \x03(\v2\x1c.proxyplane.v1.PortEndpointsR\x13udpServingEndpoints\"\xac\x01\n" +
 	"\vServicePort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x123\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x17.proxyplane.v1.ProtocolR\bprotocol\x12\x12\n" +
@@ -917,13 +997,14 @@ var file_proxyplane_v1_table_proto_depIdxs = []int32{
 	6,  // 6: proxyplane.v1.Service.ports:type_name -> proxyplane.v1.ServicePort
 	7,  // 7: proxyplane.v1.Service.cluster_endpoints:type_name -> proxyplane.v1.PortEndpoints
 	7,  // 8: proxyplane.v1.Service.local_endpoints:type_name -> proxyplane.v1.PortEndpoints
-	1,  // 9: proxyplane.v1.ServicePort.protocol:type_name -> proxyplane.v1.Protocol
-	8,  // 10: proxyplane.v1.PortEndpoints.endpoints:type_name -> proxyplane.v1.Endpoint
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 9: proxyplane.v1.Service.udp_serving_endpoints:type_name -> proxyplane.v1.PortEndpoints
+	1,  // 10: proxyplane.v1.ServicePort.protocol:type_name -> proxyplane.v1.Protocol
+	8,  // 11: proxyplane.v1.PortEndpoints.endpoints:type_name -> proxyplane.v1.Endpoint
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_proxyplane_v1_table_proto_init() }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
@@ -92,11 +93,30 @@ var (
 // RuleCounts implements dataplane.RuleCounter.
 func (e *engine) RuleCounts() []dataplane.TableRules { return e.rules }
 
-// Cleanup implements dataplane.Cleaner: it deletes every PP- chain and
-// the jumps to them from the nat and filter tables of both backends.
+// Cleanup implements dataplane.Cleaner: it deletes the iptables mode's
+// chains (ownsChain) and the jumps to them from the nat and filter tables
+// of every backend the Dataplane has tools for: both with backend auto,
+// only its own otherwise. The IPVS mode's PP-IPVS- chains stay.
 func (e *engine) Cleanup(ctx context.Context) error {
 	e.jumpsOK = false
-	return e.tools.Cleanup(ctx)
+	return e.tools.Cleanup(ctx, ownsChain)
+}
+
+// Leftovers lists what Cleanup would remove, each prefixed with its
+// backend ("legacy nat/PP-SERVICES"): for logs. Read-only.
+func (d *Dataplane) Leftovers(ctx context.Context) ([]string, error) {
+	return d.b.tools.Leftovers(ctx, ownsChain)
+}
+
+// IPTablesBackend returns the iptables backend the Dataplane writes to:
+// the configured one, or the detected one once a sync has run; "" before
+// then with backend auto. Not safe for concurrent use with Sync.
+func (d *Dataplane) IPTablesBackend() xtables.Backend { return d.b.tools.Backend() }
+
+// ownsChain tells the iptables mode's chains: every proxyplane chain but
+// the IPVS mode's.
+func ownsChain(name string) bool {
+	return strings.HasPrefix(name, xtables.ChainPrefix) && !strings.HasPrefix(name, xtables.IPVSChainPrefix)
 }
 
 // Prepare implements dataplane.Backend: it detects the backend at the

@@ -6,6 +6,38 @@ import (
 	"strings"
 )
 
+// commentText returns s fit to stand in a rule comment of
+// iptables-restore input, quoted or not: bytes outside the characters of
+// Kubernetes names and their separators ([A-Za-z0-9._:/-]) become %XX, so
+// no quote, backslash, space or line break of a hostile name can end the
+// argument or the line and add a rule. proxytable refuses such names
+// before they get here; this holds even if it did not. The mapping is
+// injective ("%" is escaped too), so distinct names stay distinct where
+// they are hashed into chain names, and the identity on every valid name,
+// so valid names render as kube-proxy renders them.
+func commentText(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !commentSafe(r) }) < 0 {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := range len(s) {
+		c := s[i]
+		if c < 0x80 && commentSafe(rune(c)) {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&0xf])
+	}
+	return b.String()
+}
+
+func commentSafe(r rune) bool {
+	return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '.' || r == '_' || r == ':' || r == '/' || r == '-'
+}
+
 // Top-level chains. Every chain proxyplane owns starts with "PP-", so it
 // never touches kube-proxy's KUBE-* chains (a node being migrated may run
 // both for a while) and stale-chain pruning can recognise its own.

@@ -79,6 +79,9 @@ func planService(e *pb.ServiceEntry, family dataplane.Family) (p *svcPlan, ok bo
 
 func (p *svcPlan) planPort(sp *plan.Port) portPlan {
 	pp := portPlan{Port: *sp, proto: protoName(sp.Protocol), port: strconv.Itoa(int(sp.Port))}
+	// The name goes only into comments and chain hashes: escaped, it can
+	// never break out of either (commentText).
+	pp.Name = commentText(sp.Name)
 	if sp.NodePort != 0 {
 		pp.nodePort = strconv.Itoa(int(sp.NodePort))
 	}

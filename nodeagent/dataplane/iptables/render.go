@@ -49,16 +49,16 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 		family:        c.Family,
 		mark:          fmt.Sprintf("%#08x", uint32(1)<<uint(c.MasqueradeBit)),
 		masqueradeAll: c.MasqueradeAll,
-		nodeIPs:       set.NodeIPAddrs(),
+		nodeIPs:       set.PrimaryIPs(node),
 		dropInvalid:   !c.ConntrackTCPBeLiberal,
 		randomFully:   !c.NoRandomFully,
 	}
 	if cidr := set.LocalCIDR(node); cidr.IsValid() {
 		p.localCIDR = cidr.String()
 	}
-	all, cidrs := set.NodePorts()
+	all, cidrs := set.NodePorts(node)
 	p.nodePortAll, p.nodePortCIDRs = all, strs(cidrs)
-	p.localhostNodePorts = set.LocalhostNodePortsOn()
+	p.localhostNodePorts = set.LocalhostNodePortsOn(node)
 	return p
 }
 
@@ -510,7 +510,7 @@ func (r *renderer) service(plan *svcPlan, prev *serviceState) *serviceState {
 		// The health check server answers whether or not there are local
 		// endpoints; the port must be open whatever the node's INPUT
 		// policy.
-		r.filter.write("-A", chainNodePorts, "-m", "comment", "--comment", `"`+plan.Key+` health check node port"`,
+		r.filter.write("-A", chainNodePorts, "-m", "comment", "--comment", `"`+commentText(plan.Key)+` health check node port"`,
 			"-m", "tcp", "-p", "tcp", "--dport", itoa(plan.HealthCheckNodePort), "-j", "ACCEPT")
 	}
 	st.dispatch, st.dispatchLines = bytes.Clone(r.dispatch.b), r.dispatch.lines

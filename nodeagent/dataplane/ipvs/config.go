@@ -3,6 +3,7 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/netip"
 	"path/filepath"
@@ -73,6 +74,9 @@ type Config struct {
 	// (ipset, iptables-restore...); empty means {"nsenter", "--net=" +
 	// NetNS} when NetNS is set and nothing otherwise.
 	CommandPrefix []string
+	// Log hears what degrades the dataplane without failing a sync (a
+	// sysctl of Sysctls not set); nil means slog.Default().
+	Log *slog.Logger
 }
 
 // DefaultConfig returns the defaults for family.
@@ -136,8 +140,12 @@ func (c *Config) Validate() error {
 	return nil
 }
 
-// withDefaults fills the command prefix, which depends on NetNS.
+// withDefaults fills the command prefix, which depends on NetNS, and the
+// logger.
 func withDefaults(c Config) Config {
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
 	if len(c.CommandPrefix) == 0 && c.NetNS != "" {
 		// nsenter enters the network namespace only: the tools still see
 		// this host's /run (the legacy xtables lock) and filesystem.

@@ -104,7 +104,7 @@ func openSeams(cfg *Config) (*seams, error) {
 // one iptables runner of a fixed backend no detection happens.
 func newDataplane(cfg Config, k *seams, observe dataplane.Observer) *Dataplane {
 	cfg = withDefaults(cfg)
-	b := &engine{cfg: cfg, k: k, tools: xtables.NewTools(chainServices, cfg.Backend, k.iptables)}
+	b := &engine{cfg: cfg, k: k, tools: xtables.NewTools(chainServices, cfg.Backend, k.iptables), sysctlWarned: map[string]bool{}}
 	return &Dataplane{Driver: dataplane.NewDriver(b, mode, cfg.Family, observe), b: b}
 }
 
@@ -133,6 +133,9 @@ type engine struct {
 	// real servers being drained included; nil until a full sync
 	// succeeded, and after Forget.
 	applied *kernelState
+	// sysctlWarned holds the sysctls warned of as wrong, until they are
+	// right again.
+	sysctlWarned map[string]bool
 }
 
 var (
@@ -142,9 +145,11 @@ var (
 
 // Cleanup implements dataplane.Cleaner. It deletes the family's virtual
 // servers (but those in ExcludeCIDRs, which other programs own) and the
-// addresses on the dummy link, then the PP- chains and jumps of both
-// iptables backends, and last the family's sets, which those rules
-// matched on. It carries on past a failure and returns them all.
+// addresses on the dummy link, then the IPVS mode's PP-IPVS- chains and
+// jumps of every iptables backend it has tools for (both with backend
+// auto), leaving the iptables mode's PP- chains alone, and last the
+// family's sets, which those rules matched on. It carries on past a
+// failure and returns them all.
 func (e *engine) Cleanup(ctx context.Context) error {
 	var errs []error
 	vss, err := e.k.ipvs.VirtualServers()
@@ -162,10 +167,75 @@ func (e *engine) Cleanup(ctx context.Context) error {
 	for _, a := range addrs {
 		errs = append(errs, kernelOp("delete address", a.String(), "", e.k.links.DelAddr(e.cfg.Interface, a)))
 	}
-	errs = append(errs, xtables.CleanupAll(ctx, e.k.iptables))
+	errs = append(errs, xtables.CleanupAll(ctx, e.k.iptables, ownsChain))
 	errs = append(errs, e.destroySets(ctx))
 	return errors.Join(errs...)
 }
+
+// CleanupRules deletes the IPVS mode's chains and the jumps to them from
+// the backends the Dataplane has tools for, and nothing else: for an agent
+// running IPVS mode on one iptables backend, removing what a run on the
+// other left (built with that backend, the Dataplane has its tools only).
+// Idempotent.
+func (d *Dataplane) CleanupRules(ctx context.Context) error {
+	return xtables.CleanupAll(ctx, d.b.k.iptables, ownsChain)
+}
+
+// Leftovers lists what Cleanup would remove: chains and jumps (each
+// prefixed with its backend), service addresses, sets and virtual
+// servers; with rulesOnly, what CleanupRules would. For the agent's
+// switch of modes, which removes nothing when this finds nothing: so the
+// virtual servers, which carry no owner, are listed only beside evidence
+// that this mode ran here (its chains, addresses or sets). Those of
+// kube-proxy in IPVS mode, running beside an agent in another mode
+// during a migration, are not the IPVS mode's leftovers. Read-only.
+func (d *Dataplane) Leftovers(ctx context.Context, rulesOnly bool) ([]string, error) {
+	e := d.b
+	found, err := xtables.LeftoversAll(ctx, e.k.iptables, ownsChain)
+	if rulesOnly || err != nil {
+		return found, err
+	}
+	addrs, err := e.k.links.LinkAddrs(e.cfg.Interface, e.cfg.Family)
+	if err != nil {
+		return found, kernelOp("list addresses of", e.cfg.Interface, "", err)
+	}
+	for _, a := range addrs {
+		found = append(found, "address "+a.String()+" on "+e.cfg.Interface)
+	}
+	out, err := e.k.ipset.Save(ctx)
+	if err != nil {
+		return found, err
+	}
+	for id := range numSets {
+		if name := setName(e.cfg.Family, id); strings.Contains(string(out), "create "+name+" ") {
+			found = append(found, "set "+name)
+		}
+	}
+	if len(found) == 0 {
+		return nil, nil
+	}
+	vss, err := e.k.ipvs.VirtualServers()
+	if err != nil {
+		return found, kernelOp("list", "virtual servers", "", err)
+	}
+	exclude := e.cfg.Family.Prefixes(e.cfg.ExcludeCIDRs)
+	for _, vs := range vss {
+		if e.cfg.Family.Has(vs.Addr) && !slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
+			found = append(found, "virtual server "+vs.key().String())
+		}
+	}
+	return found, nil
+}
+
+// IPTablesBackend returns the iptables backend the Dataplane writes to:
+// the configured one, or the detected one once a sync has run; "" before
+// then with backend auto. Not safe for concurrent use with Sync.
+func (d *Dataplane) IPTablesBackend() xtables.Backend { return d.b.tools.Backend() }
+
+// ownsChain tells the IPVS mode's chains from the iptables mode's, which
+// an agent switching from one mode to the other must leave in place until
+// it removes them itself.
+func ownsChain(name string) bool { return strings.HasPrefix(name, xtables.IPVSChainPrefix) }
 
 // destroySets destroys those of the family's sets that exist.
 func (e *engine) destroySets(ctx context.Context) error {
@@ -204,19 +274,34 @@ type kernelVS struct {
 	connsKnown bool
 }
 
-// sysctls are set at every full sync, each with its reason. They live
-// under net/ipv4/vs for both families.
-var sysctls = []struct{ name, value string }{
-	// IPVS keeps netfilter conntrack entries for its connections, so that
-	// iptables' MASQUERADE and conntrack matches work on them.
-	{"net/ipv4/vs/conntrack", "1"},
-	// A connection whose real server was deleted is expired, and its next
-	// packet scheduled anew, rather than sent nowhere: UDP flows move to a
-	// live endpoint.
-	{"net/ipv4/vs/expire_nodest_conn", "1"},
-	// Persistence templates of a weight-0 real server expire, so ClientIP
-	// affinity moves clients off an endpoint being drained.
-	{"net/ipv4/vs/expire_quiescent_template", "1"},
+// Sysctl is a /proc/sys setting IPVS mode needs.
+type Sysctl struct {
+	// Name is relative to /proc/sys: "net/ipv4/vs/conntrack".
+	Name string
+	// Value is what it must hold.
+	Value int
+	// Why is what goes wrong without it, for logs.
+	Why string
+}
+
+// Sysctls returns the sysctls the family's Dataplane needs. The agent
+// never writes them: its container's /proc/sys is read-only, so the
+// privileged init container (nodeagent --init-only, in IPVS mode) sets
+// them, and each full sync only checks them. The net/ipv4/vs ones serve
+// both families.
+func Sysctls(family dataplane.Family) []Sysctl {
+	s := []Sysctl{
+		{"net/ipv4/vs/conntrack", 1, "IPVS keeps no conntrack entries for its connections: iptables' MASQUERADE and conntrack matches miss them"},
+		{"net/ipv4/vs/expire_nodest_conn", 1, "a connection whose real server was deleted is not expired: its packets go nowhere rather than to a live endpoint"},
+		{"net/ipv4/vs/expire_quiescent_template", 1, "persistence templates of a weight-0 real server live on: ClientIP affinity keeps clients on a draining endpoint"},
+	}
+	if family == dataplane.IPv4 {
+		// IPVS NAT forwards replies back to remote clients. IPv6
+		// forwarding is left to the node: turning it on changes how every
+		// interface treats router advertisements.
+		s = append(s, Sysctl{"net/ipv4/ip_forward", 1, "replies to remote clients are not forwarded"})
+	}
+	return s
 }
 
 // Prepare implements dataplane.Backend: it detects the iptables backend
@@ -242,7 +327,7 @@ func (e *engine) Prepare(ctx context.Context, t *proxytable.Table) (string, erro
 // re-asserts their jumps.
 func (e *engine) Full(ctx context.Context, t *proxytable.Table) error {
 	e.plans = planAll(t, e.p)
-	if err := e.setUp(); err != nil {
+	if err := e.setUp(ctx); err != nil {
 		return err
 	}
 	cur, err := e.readKernel(ctx)
@@ -283,19 +368,11 @@ func (e *engine) apply(ctx context.Context, cur *kernelState, full bool) error {
 	return nil
 }
 
-// setUp sets what the kernel needs once and may have lost: sysctls,
-// timeouts and the dummy link.
-func (e *engine) setUp() error {
+// setUp sets what the kernel needs once and may have lost, timeouts and
+// the dummy link, and checks the sysctls.
+func (e *engine) setUp(ctx context.Context) error {
+	e.checkSysctls(ctx)
 	var errs []error
-	for _, s := range sysctls {
-		errs = append(errs, kernelOp("set sysctl", s.name+"="+s.value, "", e.k.sysctl.Ensure(s.name, s.value)))
-	}
-	if e.cfg.Family == dataplane.IPv4 {
-		// IPVS NAT forwards replies back to remote clients. IPv6
-		// forwarding is left to the node: turning it on changes how every
-		// interface treats router advertisements.
-		errs = append(errs, kernelOp("set sysctl", "net/ipv4/ip_forward=1", "", e.k.sysctl.Ensure("net/ipv4/ip_forward", "1")))
-	}
 	if c := &e.cfg; c.TCPTimeout > 0 || c.TCPFinTimeout > 0 || c.UDPTimeout > 0 {
 		errs = append(errs, kernelOp("set", "IPVS timeouts", "", e.k.ipvs.SetTimeouts(c.TCPTimeout, c.TCPFinTimeout, c.UDPTimeout)))
 	}
@@ -303,6 +380,31 @@ func (e *engine) setUp() error {
 		errs = append(errs, kernelOp("ensure", "link "+e.cfg.Interface, "", err))
 	}
 	return errors.Join(errs...)
+}
+
+// checkSysctls warns of each sysctl of Sysctls that does not hold its
+// value, once until it does: a wrong one degrades the dataplane rather
+// than stops it, and writing it is the privileged init container's job
+// (the agent's /proc/sys is read-only).
+func (e *engine) checkSysctls(ctx context.Context) {
+	for _, s := range Sysctls(e.cfg.Family) {
+		got, err := e.k.sysctl.ReadInt(s.Name)
+		if err == nil && got == s.Value {
+			delete(e.sysctlWarned, s.Name)
+			continue
+		}
+		if e.sysctlWarned[s.Name] {
+			continue
+		}
+		e.sysctlWarned[s.Name] = true
+		args := []any{"sysctl", s.Name, "want", s.Value, "without it", s.Why}
+		if err != nil {
+			args = append(args, "err", err)
+		} else {
+			args = append(args, "have", got)
+		}
+		e.cfg.Log.WarnContext(ctx, "a sysctl IPVS mode needs is not set; the agent does not write sysctls: run nodeagent --init-only in IPVS mode in a privileged init container (deploy/nodeagent.yaml does)", args...)
+	}
 }
 
 // readKernel reads what the kernel holds of our family: every virtual

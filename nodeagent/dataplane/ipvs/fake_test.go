@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net/netip"
 	"slices"
@@ -43,7 +44,11 @@ func newFakeKernel(nodeAddrs ...string) *fakeKernel {
 	for _, a := range nodeAddrs {
 		k.links.node = append(k.links.node, netip.MustParseAddr(a))
 	}
-	k.sysctl = &fakeSysctl{k: k, values: map[string]string{}}
+	// As the init container (nodeagent --init-only) leaves them.
+	k.sysctl = &fakeSysctl{values: map[string]int{}}
+	for _, c := range Sysctls(dataplane.IPv4) {
+		k.sysctl.values[c.Name] = c.Value
+	}
 	k.ipset = &fakeIPSet{k: k, sets: map[string]*fakeSet{}}
 	k.iptables = map[dataplane.Family]*fakeIPTables{dataplane.IPv4: newFakeIPTables(k, "iptables"), dataplane.IPv6: newFakeIPTables(k, "ip6tables")}
 	return k
@@ -356,20 +361,20 @@ func (f *fakeLinks) local(a netip.Addr) bool {
 
 // ---- Sysctls -------------------------------------------------------------
 
+// fakeSysctl is a read-only /proc/sys, as the agent's container has: the
+// seam has no way to write, and values change only by the test's hand.
 type fakeSysctl struct {
-	k      *fakeKernel
-	values map[string]string
+	values map[string]int
+	reads  int
 }
 
-func (f *fakeSysctl) Ensure(name, value string) error {
-	if f.values[name] == value {
-		return nil
+func (f *fakeSysctl) ReadInt(name string) (int, error) {
+	f.reads++
+	v, ok := f.values[name]
+	if !ok {
+		return 0, fmt.Errorf("reading /proc/sys/%s: %w", name, fs.ErrNotExist)
 	}
-	if err := f.k.change("sysctl " + name + "=" + value); err != nil {
-		return err
-	}
-	f.values[name] = value
-	return nil
+	return v, nil
 }
 
 // ---- ipset ---------------------------------------------------------------

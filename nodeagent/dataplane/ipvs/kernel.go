@@ -150,11 +150,12 @@ type linkKernel interface {
 	NodeAddrs(except string, family dataplane.Family) ([]netip.Addr, error)
 }
 
-// sysctlKernel sets /proc/sys values. Not safe for concurrent use.
+// sysctlKernel reads /proc/sys values. It never writes them: the agent's
+// /proc/sys is read-only (see Sysctls). Not safe for concurrent use.
 type sysctlKernel interface {
-	// Ensure sets name (relative to /proc/sys, "net/ipv4/vs/conntrack")
-	// to value unless it already has it. Idempotent.
-	Ensure(name, value string) error
+	// ReadInt returns the integer in name, relative to /proc/sys
+	// ("net/ipv4/vs/conntrack").
+	ReadInt(name string) (int, error)
 }
 
 // ipsetRunner runs the ipset tool. Not safe for concurrent use.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -313,28 +314,25 @@ func (l *netlinkLinks) NodeAddrs(except string, family dataplane.Family) ([]neti
 	return out, nil
 }
 
-// procSysctl is sysctlKernel over /proc/sys, entered in the namespace at
+// procSysctl is sysctlKernel over /proc/sys, read in the namespace at
 // path ns when set: /proc/sys/net shows the namespace of the thread that
 // opens it.
 type procSysctl struct {
 	ns string
 }
 
-// Ensure implements sysctlKernel.
-func (p procSysctl) Ensure(name, value string) error {
-	return inNetNS(p.ns, func() error {
-		path := filepath.Join("/proc/sys", name)
-		cur, err := os.ReadFile(path)
+// ReadInt implements sysctlKernel.
+func (p procSysctl) ReadInt(name string) (int, error) {
+	var v int
+	err := inNetNS(p.ns, func() error {
+		b, err := os.ReadFile(filepath.Join("/proc/sys", name))
 		if err != nil {
 			return err
 		}
-		if strings.TrimSpace(string(cur)) == value {
-			// Already set: no write, so a read-only /proc/sys (a
-			// container configured beforehand) is fine.
-			return nil
-		}
-		return os.WriteFile(path, []byte(value), 0o644)
+		v, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err
 	})
+	return v, err
 }
 
 // inNetNS runs f on a thread in the namespace at path ns ("" runs it

@@ -43,7 +43,7 @@ func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
 	p := &params{
 		family:    c.Family,
 		scheduler: c.Scheduler,
-		nodeIPs:   set.NodeIPAddrs(),
+		nodeIPs:   set.PrimaryIPs(node),
 		rules: ruleParams{
 			family:        c.Family,
 			mark:          fmt.Sprintf("%#08x", uint32(1)<<uint(c.MasqueradeBit)),
@@ -58,7 +58,7 @@ func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
 	}
 	slices.SortFunc(p.nodeAddrs, netip.Addr.Compare)
 	p.nodeAddrs = slices.Compact(p.nodeAddrs)
-	all, cidrs := set.NodePorts()
+	all, cidrs := set.NodePorts(node)
 	for _, a := range p.nodeAddrs {
 		if all || slices.ContainsFunc(cidrs, func(pr netip.Prefix) bool { return pr.Contains(a) }) {
 			p.nodePortAddrs = append(p.nodePortAddrs, a)

@@ -1,9 +1,12 @@
 package ipvs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -494,14 +497,6 @@ func TestNodePortAddresses(t *testing.T) {
 func TestPrepare(t *testing.T) {
 	n := newNode(t, 0, func(c *Config) { c.TCPTimeout, c.UDPTimeout = 900*time.Second, 5*time.Second })
 	n.mustSync(true)
-	for name, want := range map[string]string{
-		"net/ipv4/vs/conntrack": "1", "net/ipv4/vs/expire_nodest_conn": "1",
-		"net/ipv4/vs/expire_quiescent_template": "1", "net/ipv4/ip_forward": "1",
-	} {
-		if got := n.kern.sysctl.values[name]; got != want {
-			t.Errorf("sysctl %s = %q, want %q", name, got, want)
-		}
-	}
 	if got := n.kern.ipvs.timeouts; got != [3]time.Duration{900 * time.Second, 0, 5 * time.Second} {
 		t.Errorf("timeouts = %v", got)
 	}
@@ -595,5 +590,67 @@ func TestCleanup(t *testing.T) {
 	n.mustSync(false, services...) // the Driver forgot: this sync is full
 	if vss, rss, _ := n.kern.ipvs.count(dataplane.IPv4); vss != 3 || rss != 8 {
 		t.Errorf("after a sync: %d virtual servers, %d real servers; want the excluded one and 2 with 8", vss, rss)
+	}
+}
+
+// TestSysctlsCheckedNeverWritten: the agent's /proc/sys is read-only, so
+// the sysctls IPVS needs are the init container's to set; a full sync
+// reads them, warns once of each wrong one (until it is right again), and
+// still programs the Services.
+func TestSysctlsCheckedNeverWritten(t *testing.T) {
+	var logs bytes.Buffer
+	n := newNode(t, 0, func(c *Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
+	// No init container ran: one sysctl missing (no ip_vs module yet),
+	// one wrong.
+	delete(n.kern.sysctl.values, "net/ipv4/ip_forward")
+	n.kern.sysctl.values["net/ipv4/vs/conntrack"] = 0
+	warned := func() map[string]int {
+		got := map[string]int{}
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, "level=WARN") {
+				_, rest, _ := strings.Cut(line, "sysctl=")
+				name, _, _ := strings.Cut(rest, " ")
+				got[name]++
+			}
+		}
+		return got
+	}
+
+	n.mustSync(true, svcSpec{idx: 1, name: "web", pods: []int{1}}.build(0))
+	if n.kern.ipvs.vss[vsKey{netip.MustParseAddr(clusterIPs(1)[0]), TCP, 80}] == nil {
+		t.Error("the full sync programmed no virtual server")
+	}
+	// Both families' dataplanes check net/ipv4/vs; ip_forward is IPv4's.
+	want := map[string]int{"net/ipv4/vs/conntrack": 2, "net/ipv4/ip_forward": 1}
+	if got := warned(); !maps.Equal(got, want) {
+		t.Errorf("warnings by sysctl = %v, want %v:\n%s", got, want, logs.String())
+	}
+	if got, ok := n.kern.sysctl.values["net/ipv4/ip_forward"]; ok || n.kern.sysctl.values["net/ipv4/vs/conntrack"] != 0 {
+		t.Errorf("sysctls changed: ip_forward = %d (set %v), vs/conntrack = %d", got, ok, n.kern.sysctl.values["net/ipv4/vs/conntrack"])
+	}
+
+	// Still wrong: no second warning. The checks are reads of every
+	// sysctl, at each full sync only.
+	reads := n.kern.sysctl.reads
+	n.mustSync(true, svcSpec{idx: 1, name: "web", pods: []int{1}}.build(0))
+	if got := warned(); !maps.Equal(got, want) {
+		t.Errorf("a second full sync warned again: %v", got)
+	}
+	if got, want := n.kern.sysctl.reads-reads, len(Sysctls(dataplane.IPv4))+len(Sysctls(dataplane.IPv6)); got != want {
+		t.Errorf("a full sync read %d sysctls, want %d", got, want)
+	}
+	reads = n.kern.sysctl.reads
+	n.mustSync(false, svcSpec{idx: 1, name: "web", pods: []int{2}}.build(0))
+	if n.kern.sysctl.reads != reads {
+		t.Error("a partial sync read sysctls")
+	}
+
+	// Fixed, then broken again: warned again.
+	n.kern.sysctl.values["net/ipv4/vs/conntrack"] = 1
+	n.mustSync(true, svcSpec{idx: 1, name: "web", pods: []int{1}}.build(0))
+	n.kern.sysctl.values["net/ipv4/vs/conntrack"] = 0
+	n.mustSync(true, svcSpec{idx: 1, name: "web", pods: []int{1}}.build(0))
+	if got := warned()["net/ipv4/vs/conntrack"]; got != 4 {
+		t.Errorf("vs/conntrack warned %d times over two episodes, want 4 (2 families x 2)", got)
 	}
 }

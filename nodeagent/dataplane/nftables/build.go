@@ -24,7 +24,6 @@ type params struct {
 	// serviceCIDRs are the cluster's service CIDRs of the family, from
 	// the table's NodeInfo.
 	serviceCIDRs []netip.Prefix
-	dropInvalid  bool
 	randomFully  bool
 }
 
@@ -34,13 +33,12 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 		family:        s.Family,
 		mark:          uint32(1) << uint(s.MasqueradeBit),
 		masqueradeAll: s.MasqueradeAll,
-		nodeIPs:       s.NodeIPAddrs(),
-		dropInvalid:   !s.ConntrackTCPBeLiberal,
+		nodeIPs:       s.PrimaryIPs(node),
 		randomFully:   !s.NoRandomFully,
 		localCIDR:     s.LocalCIDR(node),
 		serviceCIDRs:  s.Family.Prefixes(node.GetServiceCidrs()),
 	}
-	p.nodePortAll, p.nodePortCIDRs = s.NodePorts()
+	p.nodePortAll, p.nodePortCIDRs = s.NodePorts(node)
 	return p
 }
 
@@ -78,16 +76,17 @@ func skeleton(p *params) ([]*chain, []*set) {
 	base := func(name, typ, hook string, prio int, rules ...rule) *chain {
 		return &chain{name: name, hook: &baseHook{typ: typ, hook: hook, priority: prio}, rules: rules}
 	}
-	forward := []rule{}
-	if p.dropInvalid {
-		// Out-of-window packets conntrack marks INVALID would be
-		// forwarded un-NATed and reset the connection (kubernetes
-		// #74839); drop them unless the node is liberal.
-		forward = append(forward, newRule(ctState{invalid: true}, verdictOf(verdictDrop)))
-	}
-	forward = append(forward,
+	// No "ct state invalid drop", as upstream's nftables mode (kubernetes
+	// #122663): that iptables-mode rule works around a conntrack bug
+	// fixed in Linux 6.1 (out-of-window packets forwarded un-NATed,
+	// kubernetes #74839), for which nf_conntrack_tcp_be_liberal is the
+	// cure on older kernels, and it drops legitimate forwarded traffic
+	// that conntrack cannot follow, asymmetric routes and multi-homed
+	// nodes included (kubernetes #94861, #117924).
+	forward := []rule{
 		newRule(newCT, jump(chainServiceEndpoints)),
-		newRule(newCT, jump(chainClusterIPsCheck)))
+		newRule(newCT, jump(chainClusterIPsCheck)),
+	}
 
 	loopback := f.Loopback()
 	services := []rule{newRule(vmapLookup{withAddr: true, set: mapServiceIPs})}
@@ -134,12 +133,9 @@ func skeleton(p *params) ([]*chain, []*set) {
 		{name: chainMarkMasq, rules: []rule{newRule(markSet{mark: p.mark})}},
 		{name: chainServiceEndpoints, rules: []rule{newRule(vmapLookup{withAddr: true, set: mapNoEndpointServices})}},
 		{name: chainNodePortEndpoints, rules: nodePortChecks},
-		{name: chainReject, rules: []rule{
-			// A TCP reset refuses at once; an ICMPv6 error for a SYN
-			// reaches the socket a second late (see internal/nstest).
-			newRule(protoMatch{protoTCP}, reject{tcpReset: true}),
-			newRule(reject{}),
-		}},
+		// ICMP port unreachable for every protocol, TCP included, as
+		// upstream's reject-chain (and iptables' REJECT).
+		{name: chainReject, rules: []rule{newRule(reject{})}},
 		{name: chainFirewallCheck, rules: []rule{newRule(vmapLookup{withAddr: true, set: mapFirewallIPs})}},
 		{name: chainClusterIPsCheck, rules: clusterIPsCheck(p)},
 	}

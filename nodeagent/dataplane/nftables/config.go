@@ -26,8 +26,9 @@ func nftFamily(f dataplane.Family) string {
 // DefaultConfig, which holds every default with its reason.
 type Config struct {
 	// Settings are what every dataplane takes. Here MasqueradeBit marks
-	// traffic for chain masquerading, and ConntrackTCPBeLiberal spares
-	// INVALID packets in chain filter-forward.
+	// traffic for chain masquerading; ConntrackTCPBeLiberal changes
+	// nothing, since INVALID packets are never dropped (as upstream's
+	// nftables mode; see README.md).
 	dataplane.Settings
 	// NetNS is the path of the network namespace to program, for example
 	// /run/netns/node-0; "" programs the agent's own namespace (production).

@@ -178,6 +178,17 @@ func (b *backend) Cleanup(ctx context.Context) error {
 	return nil
 }
 
+// Leftovers lists what Cleanup would remove: the family's table, with
+// how many chains and sets it holds, or nothing when there is none. For
+// logs; read-only.
+func (d *Dataplane) Leftovers(ctx context.Context) ([]string, error) {
+	inv, err := d.b.k.List(ctx)
+	if err != nil || inv == nil {
+		return nil, err
+	}
+	return []string{fmt.Sprintf("table %v %s (%d chains, %d sets and maps)", d.b.cfg.Family, TableName, len(inv.chains), len(inv.sets))}, nil
+}
+
 // Forget implements dataplane.Backend: the next full sync lists the table.
 func (b *backend) Forget() {
 	b.state, b.genOK = nil, false

@@ -658,7 +658,7 @@ func (tr *tracer) expr(e rexpr, s pktState, depth int) []branch {
 		}
 		return test(slices.Contains(tr.local, a))
 	case ctState:
-		return test(!e.invalid) // every traced packet opens a connection
+		return test(true) // every traced packet opens a connection
 	case markClear:
 		return test(s.mark&e.mark == 0)
 	case markSet:

@@ -190,32 +190,20 @@ func (m fibLocal) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 		&nexpr.Cmp{Op: nexpr.CmpOpEq, Register: reg1, Data: binary.NativeEndian.AppendUint32(nil, rtnLocal)})
 }
 
-// ctState is "ct state new" (or invalid).
-type ctState struct{ invalid bool }
+// ctState is "ct state new".
+type ctState struct{}
 
-// Conntrack state bits (host order): NF_CT_STATE_INVALID_BIT and
-// NF_CT_STATE_BIT(IP_CT_NEW).
-const (
-	ctInvalidBit = 1
-	ctNewBit     = 8
-)
+// ctNewBit is NF_CT_STATE_BIT(IP_CT_NEW), in host order.
+const ctNewBit = 8
 
 func (m ctState) text(b *strings.Builder, _ dataplane.Family) {
-	if m.invalid {
-		b.WriteString("ct state invalid")
-	} else {
-		b.WriteString("ct state new")
-	}
+	b.WriteString("ct state new")
 }
 
 func (m ctState) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
-	bit := uint32(ctNewBit)
-	if m.invalid {
-		bit = ctInvalidBit
-	}
 	return append(dst,
 		&nexpr.Ct{Register: reg1, Key: nexpr.CtKeySTATE},
-		&nexpr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binary.NativeEndian.AppendUint32(nil, bit), Xor: make([]byte, 4)},
+		&nexpr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binary.NativeEndian.AppendUint32(nil, ctNewBit), Xor: make([]byte, 4)},
 		&nexpr.Cmp{Op: nexpr.CmpOpNeq, Register: reg1, Data: make([]byte, 4)})
 }
 
@@ -403,16 +391,12 @@ func (s masquerade) encode(dst []nexpr.Any, _ dataplane.Family) []nexpr.Any {
 	return append(dst, &nexpr.Masq{FullyRandom: s.fullyRandom})
 }
 
-// reject is "reject" (ICMP port unreachable) or "reject with tcp reset";
-// the latter needs a TCP match before it.
-type reject struct{ tcpReset bool }
+// reject is "reject": ICMP (ICMPv6) port unreachable, whatever the
+// protocol, as upstream's reject-chain.
+type reject struct{}
 
 func (s reject) text(b *strings.Builder, _ dataplane.Family) {
-	if s.tcpReset {
-		b.WriteString("reject with tcp reset")
-	} else {
-		b.WriteString("reject")
-	}
+	b.WriteString("reject")
 }
 
 // ICMP codes for port unreachable.
@@ -422,9 +406,6 @@ const (
 )
 
 func (s reject) encode(dst []nexpr.Any, f dataplane.Family) []nexpr.Any {
-	if s.tcpReset {
-		return append(dst, &nexpr.Reject{Type: unix.NFT_REJECT_TCP_RST})
-	}
 	code := uint8(icmpPortUnreach)
 	if f == dataplane.IPv6 {
 		code = icmpv6PortUnreach

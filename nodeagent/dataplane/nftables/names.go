@@ -53,13 +53,40 @@ const (
 // readable part must be truncated and tells apart names that differ in one
 // digit at a glance. Names are stable across restarts and replicas, so a
 // full sync after a restart finds the same objects.
+//
+// The readable part keeps only the characters nft's identifiers take
+// ([A-Za-z0-9_./-]); any other byte becomes "_". proxytable refuses names
+// with such bytes before they get here; this holds even if it did not, so
+// that no name can break a line of the nft script rendering (goldens,
+// errors, the operator's view) or be cut short by a NUL in the kernel.
+// The hash, of the name as given, keeps such names apart.
 func hashName(name string) string {
 	sum := sha256.Sum256([]byte(name))
-	name = base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + name
+	name = base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + identifierText(name)
 	if len(name) > nameBaseMax {
 		name = name[:nameBaseMax-3] + "..."
 	}
 	return name
+}
+
+// identifierText returns s with every byte outside [A-Za-z0-9_./-] made
+// "_"; the identity on every name a valid table gives.
+func identifierText(s string) string {
+	safe := func(c byte) bool {
+		return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '/' || c == '-'
+	}
+	for i := range len(s) {
+		if !safe(s[i]) {
+			b := []byte(s)
+			for j := i; j < len(b); j++ {
+				if !safe(b[j]) {
+					b[j] = '_'
+				}
+			}
+			return string(b)
+		}
+	}
+	return s
 }
 
 // portNameBase is the base of a service port's chain names,

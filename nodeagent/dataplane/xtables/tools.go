@@ -42,6 +42,14 @@ func (t *Tools) Runner(ctx context.Context) (Runner, error) {
 // Backend returns the backend in use; "" until Runner detected it.
 func (t *Tools) Backend() Backend { return t.backend }
 
-// Cleanup removes the dataplane's chains from every backend it has a
-// runner for (see CleanupAll), whichever one it uses.
-func (t *Tools) Cleanup(ctx context.Context) error { return CleanupAll(ctx, t.runners) }
+// Cleanup removes the chains owns accepts from every backend it has a
+// runner for (see CleanupAll), whichever one it uses: built for one
+// backend, it touches only that one.
+func (t *Tools) Cleanup(ctx context.Context, owns Owner) error {
+	return CleanupAll(ctx, t.runners, owns)
+}
+
+// Leftovers lists what Cleanup would remove (see LeftoversAll).
+func (t *Tools) Leftovers(ctx context.Context, owns Owner) ([]string, error) {
+	return LeftoversAll(ctx, t.runners, owns)
+}

@@ -1,0 +1,263 @@
+package app
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/proxyplane/proxyplane/controlplane/certs"
+)
+
+// Bounds on what a client of --metrics-address can make the server hold.
+// Its clients are the kubelet's probes and Prometheus: one short GET at a
+// time, without a body, every few seconds. A stranger who opens
+// connections and sends nothing, or a header a byte at a time, or never
+// reads the answer, is cut off by these instead of holding a goroutine
+// and buffers for as long as it likes.
+const (
+	// httpReadHeaderTimeout bounds the TLS handshake and the request
+	// line and headers; httpReadTimeout the whole request.
+	httpReadHeaderTimeout = 5 * time.Second
+	httpReadTimeout       = 10 * time.Second
+	// httpWriteTimeout bounds writing the answer: a scrape of the
+	// control plane's metrics is tens of kilobytes.
+	httpWriteTimeout = 30 * time.Second
+	// httpIdleTimeout closes a kept-alive connection idle this long:
+	// Prometheus scrapes every 15 to 60 s and reconnects when needed.
+	httpIdleTimeout = 90 * time.Second
+	// httpMaxHeaderBytes fits a bearer token (at most 16 KiB, as
+	// auth.MaxTokenBytes) and the usual headers; net/http's default is
+	// 1 MiB.
+	httpMaxHeaderBytes = 32 << 10
+	// httpMaxConns and httpMaxConnsPerPeer: probes and scrapes need a
+	// connection or two each. A cap per address keeps one stranger from
+	// taking the slots the kubelet's probes need, and the total bounds
+	// everyone; past either a connection is closed as it is accepted.
+	httpMaxConns        = 256
+	httpMaxConnsPerPeer = 16
+)
+
+// httpConfig is what the HTTP server on --metrics-address serves.
+type httpConfig struct {
+	// Secure serves HTTPS and puts /metrics behind the API server's
+	// authentication and authorization (secureMetrics decides).
+	Secure bool
+	// Namespace names the fallback certificate.
+	Namespace string
+	Registry  *prometheus.Registry
+	Ready     Readiness
+	Watches   Watches
+	// GetCertificate is the serving certificate of 9640; until it has
+	// one, a self-signed one is served, so that probes are answered (and
+	// /readyz says why there is none) from the start.
+	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// Reviews sends the TokenReviews and SubjectAccessReviews of
+	// /metrics when Secure.
+	Reviews kubernetes.Interface
+}
+
+// secureMetrics says whether --metrics-address is served over HTTPS with
+// /metrics authorized by the API server, as kube-controller-manager
+// serves its secure port: on any address another host can reach. On a
+// loopback address (`make run`, a sidecar) only processes of the host can
+// connect, and it is plaintext and open, as kube-proxy's 127.0.0.1:10249
+// and etcd's metrics on kubeadm clusters; with --insecure nothing is
+// secured anywhere (tests).
+func secureMetrics(o *Options) bool {
+	if o.Insecure {
+		return false
+	}
+	host, _, err := net.SplitHostPort(o.MetricsAddress)
+	if err != nil {
+		return true
+	}
+	if host == "localhost" {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err != nil || !ip.IsLoopback()
+}
+
+// metricsReviewQPS and metricsReviewBurst pace the client of /metrics's
+// reviews. It is a client of its own, so that tokens sent to /metrics,
+// which anyone who reaches the port may send, never spend the budget of
+// the informers, the CA's upkeep or the agents' reviews.
+const (
+	metricsReviewQPS   = 5
+	metricsReviewBurst = 10
+)
+
+// metricsReviewClient returns the client /metrics's reviews go through.
+func metricsReviewClient(cfg *rest.Config) (kubernetes.Interface, error) {
+	c := rest.CopyConfig(cfg)
+	c.QPS, c.Burst = metricsReviewQPS, metricsReviewBurst
+	client, err := kubernetes.NewForConfig(c)
+	if err != nil {
+		return nil, fmt.Errorf("creating kubernetes client: %w", err)
+	}
+	return client, nil
+}
+
+// metricsServer builds the server of --metrics-address on lis for Run,
+// with reviews sent through a client built from cfg.
+func metricsServer(lis net.Listener, o *Options, cfg *rest.Config, reg *prometheus.Registry, ready Readiness, watches Watches,
+	sec *Security, log *slog.Logger,
+) (*http.Server, net.Listener, error) {
+	hc := httpConfig{
+		Secure: secureMetrics(o), Namespace: o.Namespace, Registry: reg, Ready: ready, Watches: watches,
+		GetCertificate: sec.GetCertificate,
+	}
+	if hc.Secure {
+		client, err := metricsReviewClient(cfg)
+		if err != nil {
+			_ = lis.Close()
+			return nil, nil, err
+		}
+		hc.Reviews = client
+		log.Info("serving /metrics over HTTPS to callers the API server authorizes to get /metrics; /healthz, /livez and /readyz to anyone",
+			"address", lis.Addr().String())
+	} else {
+		log.Info("serving /metrics, /healthz, /livez and /readyz in plaintext without authentication",
+			"address", lis.Addr().String(), "why", map[bool]string{true: "--insecure", false: "a loopback address"}[o.Insecure])
+	}
+	hs, l, err := newHTTPServer(lis, hc, log)
+	if err != nil {
+		_ = lis.Close()
+		return nil, nil, err
+	}
+	return hs, l, nil
+}
+
+// newHTTPServer returns the server of --metrics-address and the listener
+// to serve it on (lis wrapped with the connection caps and, when
+// cfg.Secure, TLS). It serves HTTP/1.1 only: its clients need nothing
+// else, and HTTP/2 would only add ways to hold the server busy.
+func newHTTPServer(lis net.Listener, cfg httpConfig, log *slog.Logger) (*http.Server, net.Listener, error) {
+	mux := http.NewServeMux()
+	healthHandlers(mux, cfg.Ready, cfg.Watches)
+	metrics := promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})
+	lis = capConns(lis, httpMaxConns, httpMaxConnsPerPeer)
+	if cfg.Secure {
+		fallback, err := fallbackCertificate(cfg.Namespace)
+		if err != nil {
+			return nil, nil, err
+		}
+		getCert := cfg.GetCertificate
+		lis = tls.NewListener(lis, &tls.Config{
+			GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+				if getCert != nil {
+					if c, err := getCert(hello); err == nil {
+						return c, nil
+					}
+				}
+				return fallback, nil
+			},
+			MinVersion: tls.VersionTLS12,
+			NextProtos: []string{"http/1.1"},
+		})
+		metrics = newMetricsAuthorizer(cfg.Reviews, log).wrap(metrics)
+	}
+	mux.Handle("GET /metrics", metrics)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: httpReadHeaderTimeout,
+		ReadTimeout:       httpReadTimeout,
+		WriteTimeout:      httpWriteTimeout,
+		IdleTimeout:       httpIdleTimeout,
+		MaxHeaderBytes:    httpMaxHeaderBytes,
+		// A TLSNextProto that is set but empty turns HTTP/2 off.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+		// Failed handshakes and bad requests from strangers are not the
+		// operator's business at the default level.
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	return srv, lis, nil
+}
+
+// fallbackCertificate is served on the metrics port until the serving
+// certificate exists: self-signed, in memory, never trusted by anyone.
+// The kubelet does not verify a probe's certificate, so probes are
+// answered; a Prometheus that verifies refuses it and sends no token.
+func fallbackCertificate(ns string) (*tls.Certificate, error) {
+	ca, err := certs.NewCA("proxyplane-controlplane-metrics-fallback")
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	return ca.Issue(certs.DNSNames(ns), nil, now, ca.Cert.NotAfter.Sub(now))
+}
+
+// capConns closes, as they are accepted, connections past max in all or
+// past perPeer from one IP address.
+func capConns(lis net.Listener, maxConns, perPeer int) net.Listener {
+	return &cappedListener{Listener: lis, max: maxConns, perPeer: perPeer, peers: map[netip.Addr]int{}}
+}
+
+type cappedListener struct {
+	net.Listener
+	max, perPeer int
+
+	// mu protects total and peers (open connections per address).
+	mu    sync.Mutex
+	total int
+	peers map[netip.Addr]int
+}
+
+// Accept returns the next connection within the caps.
+func (l *cappedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		var ip netip.Addr
+		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+			ip = ap.Addr().Unmap()
+		}
+		l.mu.Lock()
+		ok := l.total < l.max && l.peers[ip] < l.perPeer
+		if ok {
+			l.total++
+			l.peers[ip]++
+		}
+		l.mu.Unlock()
+		if !ok {
+			_ = c.Close()
+			continue
+		}
+		return &cappedConn{Conn: c, l: l, ip: ip}, nil
+	}
+}
+
+func (l *cappedListener) release(ip netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if l.peers[ip]--; l.peers[ip] <= 0 {
+		delete(l.peers, ip)
+	}
+}
+
+// cappedConn gives its slot back once, however often it is closed.
+type cappedConn struct {
+	net.Conn
+	l    *cappedListener
+	ip   netip.Addr
+	once sync.Once
+}
+
+// Close closes the connection and frees its slot.
+func (c *cappedConn) Close() error {
+	c.once.Do(func() { c.l.release(c.ip) })
+	return c.Conn.Close()
+}

@@ -1,0 +1,134 @@
+package proxytable
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
+)
+
+func TestParsePortRange(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want PortRange
+		ok   bool
+	}{
+		{"30000-32767", DefaultNodePortRange, true},
+		{"30000-65535", PortRange{30000, 35536}, true},
+		{"8080", PortRange{8080, 1}, true},
+		{"0-100", PortRange{}, false},
+		{"200-100", PortRange{}, false},
+		{"1-65536", PortRange{}, false},
+		{"a-b", PortRange{}, false},
+	} {
+		got, err := ParsePortRange(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("ParsePortRange(%q) = %v, %v; want %v (ok %v)", tc.in, got, err, tc.want, tc.ok)
+		}
+		if tc.ok && strings.Contains(tc.in, "-") && got.String() != tc.in {
+			t.Errorf("%v.String() = %q, want %q", got, got.String(), tc.in)
+		}
+	}
+}
+
+// honest gives e and n the hashes the control plane would.
+func honest(t *testing.T, n *pb.NodeInfo, entries ...*pb.ServiceEntry) *Table {
+	t.Helper()
+	var err error
+	if n.Hash, err = tablehash.Node(n); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Hash, err = tablehash.Entry(e.Key, e.Service); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum := n.GetHash()
+	for _, e := range entries {
+		sum += e.GetHash()
+	}
+	tb, err := FromSnapshot(&pb.Snapshot{Version: fmt.Sprintf("%016x", sum), Node: n, Entries: entries})
+	if err != nil {
+		t.Fatalf("building table: %v", err)
+	}
+	return tb
+}
+
+func TestPolicy(t *testing.T) {
+	cp := netip.MustParseAddrPort("192.0.2.10:9640")
+	nodeIP := netip.MustParseAddr("192.0.2.20")
+	p := &Policy{
+		ControlPlanes: []netip.AddrPort{cp},
+		NodeAddresses: func() ([]netip.Addr, error) { return []netip.Addr{nodeIP}, nil },
+	}
+	ipvs := *p
+	ipvs.BindsServiceAddresses = true
+	failing := *p
+	failing.NodeAddresses = func() ([]netip.Addr, error) { return nil, errors.New("netlink: no") }
+	for _, tc := range []struct {
+		name   string
+		policy *Policy
+		node   func(*pb.NodeInfo)
+		svc    func(*pb.Service)
+		want   string // "" for accepted
+	}{
+		{name: "honest", policy: p},
+		{name: "nil policy", policy: nil, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }},
+		{name: "nodePort 22", policy: p, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }, want: "node port range"},
+		{name: "nodePort in a wider range", policy: &Policy{NodePorts: PortRange{20, 100}}, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }},
+		{name: "healthCheckNodePort 2379", policy: p, svc: func(s *pb.Service) { s.HealthCheckNodePort = 2379 }, want: "node port range"},
+		{name: "nodePort on the control plane's port", policy: &Policy{NodePorts: PortRange{9000, 1000}, ControlPlanes: p.ControlPlanes}, svc: func(s *pb.Service) { s.Ports[0].NodePort = 9640 }, want: "control plane port"},
+		{name: "external IP on the control plane", policy: p, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.10"}; s.Ports[0].Port = 9640 }, want: "control plane"},
+		{name: "external IP on the control plane address, other port", policy: p, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.10"}; s.Ports[0].Port = 80 }},
+		{name: "same in IPVS mode, which binds it", policy: &ipvs, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.10"}; s.Ports[0].Port = 80 }, want: "control plane"},
+		{name: "cluster IP on the control plane address", policy: p, svc: func(s *pb.Service) { s.ClusterIps = []string{"192.0.2.10"} }, want: "control plane"},
+		{name: "cluster IP on the node", policy: p, svc: func(s *pb.Service) { s.ClusterIps = []string{"192.0.2.20"} }, want: "address of the node"},
+		{name: "external IP on the node, port 22", policy: p, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.20"}; s.Ports[0].Port = 22 }, want: "address of the node"},
+		{name: "external IP on the node, a node port", policy: p, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.20"}; s.Ports[0].Port = 30500 }},
+		{name: "load balancer IP on the node, port 80, allowed", policy: &Policy{NodeAddresses: p.NodeAddresses, NodeAddressesAnyPort: true}, svc: func(s *pb.Service) { s.LoadBalancerIps = []string{"192.0.2.20"} }},
+		{name: "cluster IP on the node, even so", policy: &Policy{NodeAddresses: p.NodeAddresses, NodeAddressesAnyPort: true}, svc: func(s *pb.Service) { s.ClusterIps = []string{"192.0.2.20"} }, want: "address of the node"},
+		{name: "service CIDR holding the control plane", policy: p, node: func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"192.0.2.0/24"} }, want: "control plane"},
+		{name: "service CIDR holding the node", policy: &Policy{NodeAddresses: p.NodeAddresses}, node: func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"192.0.2.0/24"} }, want: "the node's address"},
+		{name: "node addresses unknown", policy: &failing, want: "listing the node's addresses"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := &pb.NodeInfo{Name: "node-1", ServiceCidrs: []string{"10.96.0.0/16"}}
+			if tc.node != nil {
+				tc.node(n)
+			}
+			e := entry("web", 0, func(s *pb.Service) { s.ClusterIps = []string{"10.96.0.10"} })
+			if tc.svc != nil {
+				tc.svc(e.Service)
+			}
+			err := tc.policy.Check(honest(t, n, e), nil)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (!errors.Is(err, ErrInvalidTable) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("Check = %v, want ErrInvalidTable mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestVerifyHashes(t *testing.T) {
+	tb := honest(t, &pb.NodeInfo{Name: "node-1"}, entry("web", 0))
+	if err := VerifyHashes(tb); err != nil {
+		t.Fatalf("honest table: %v", err)
+	}
+	// The same table with a forged Service under the honest hash: its
+	// version still adds up.
+	forged := entry("web", tb.Entries["default/web"].GetHash(), func(s *pb.Service) { s.ClusterEndpoints[0].Endpoints[0].Ip = "203.0.113.66" })
+	bad, err := FromEntries(tb.Version, tb.Node, []*pb.ServiceEntry{forged})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = VerifyHashes(bad)
+	if ee := EntryErrors(err); len(ee) != 1 || ee[0].GetKey() != "default/web" {
+		t.Errorf("VerifyHashes = %v, want an entry error for default/web", err)
+	}
+}
