@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -290,19 +291,59 @@ func TestFailedApplyIsRetriedOnANewStream(t *testing.T) {
 // 3,000 node names over 3 addresses land within 10% of an even share, and
 // a node always starts at the same one.
 func TestFirstAddressSpreads(t *testing.T) {
-	counts := make([]int, 3)
+	addrs := []string{"10.0.0.1:9640", "10.0.0.2:9640", "10.0.0.3:9640"}
+	counts := map[string]int{}
 	for i := range 3000 {
 		name := fmt.Sprintf("node-%d", i)
-		first := firstAddress(name, 3)
-		if again := firstAddress(name, 3); again != first {
-			t.Fatalf("%s starts at %d, then %d", name, first, again)
+		first := rendezvous(name, addrs)[0]
+		reversed := slices.Clone(addrs)
+		slices.Reverse(reversed)
+		if again := rendezvous(name, reversed); again[0] != first {
+			t.Fatalf("%s starts at %s, then, with the list reversed, at %s", name, first, again[0])
 		}
 		counts[first]++
 	}
-	for i, c := range counts {
-		if c < 900 || c > 1100 {
-			t.Errorf("address %d is first for %d of 3000 nodes, want about 1000 (all: %v)", i, c, counts)
+	for _, a := range addrs {
+		if c := counts[a]; c < 900 || c > 1100 {
+			t.Errorf("%s is first for %d of 3000 nodes, want about 1000 (all: %v)", a, c, counts)
 		}
+	}
+}
+
+// TestFailoverSpreads checks rendezvous ordering where it differs from a
+// rotation of the list: when one of three replicas goes, its nodes spread
+// evenly over the other two (each within 10% of even), and nobody else
+// moves; when a fourth comes, it takes an even share and no node moves
+// between the old three.
+func TestFailoverSpreads(t *testing.T) {
+	three := []string{"10.0.0.1:9640", "10.0.0.2:9640", "10.0.0.3:9640"}
+	four := append(slices.Clone(three), "10.0.0.4:9640")
+	lost := three[0]
+	movedTo := map[string]int{}
+	taken := 0
+	const nodes = 6000
+	for i := range nodes {
+		name := fmt.Sprintf("node-%d", i)
+		order := rendezvous(name, three)
+		// Failover goes down the node's own order.
+		if order[0] == lost {
+			movedTo[order[1]]++
+		}
+		if first := rendezvous(name, four)[0]; first != order[0] {
+			if first != four[3] {
+				t.Fatalf("%s moved from %s to %s when %s was added", name, order[0], first, four[3])
+			}
+			taken++
+		}
+	}
+	moved := movedTo[three[1]] + movedTo[three[2]]
+	for _, a := range three[1:] {
+		if c := movedTo[a]; c < moved/2*9/10 || c > moved/2*11/10 {
+			t.Errorf("of the %d nodes of the lost replica, %d moved to %s, want about %d (all: %v)", moved, c, a, moved/2, movedTo)
+		}
+	}
+	if taken < nodes/4*9/10 || taken > nodes/4*11/10 {
+		t.Errorf("a fourth replica took %d of %d nodes, want about %d", taken, nodes, nodes/4)
 	}
 }
 
@@ -383,7 +424,8 @@ func TestBackoffResetsOnceEstablished(t *testing.T) {
 // it holds, so that nothing is resent.
 func TestFailback(t *testing.T) {
 	names := []string{"cp-0", "cp-1"}
-	preferred, other := names[firstAddress("node-1", 2)], names[1-firstAddress("node-1", 2)]
+	order := rendezvous("node-1", names)
+	preferred, other := order[0], order[1]
 	replicas := map[string]*lateListener{preferred: newLateListener(t), other: newLateListener(t)}
 	both := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 		return replicas[addr].dial(ctx)

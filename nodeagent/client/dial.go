@@ -3,33 +3,27 @@ package client
 import (
 	"hash/fnv"
 	"slices"
+	"strings"
 
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // dialOrder returns the control plane addresses to try, in turn, the
 // preferred one first: the learned addresses (the replicas the control
-// plane last reported, LearnedAddresses), rotated to start at the one the
-// node name picks, then the configured seed, rotated likewise; each
-// address once. Learned addresses come first because they are the
-// replicas as of the last table, while the seed may name machines
-// replaced since (Cluster API, kOps, managed node pools). The seed stays
-// in the list so that an agent whose learned addresses went stale (a
-// cache from long ago) still reaches the control plane. With nothing
-// learned the order is the seed's alone, as before addresses were
-// learned.
+// plane last reported, LearnedAddresses), then the configured seed, each
+// list in the node's rendezvous order; each address once. Learned
+// addresses come first because they are the replicas as of the last
+// table, while the seed may name machines replaced since (Cluster API,
+// kOps, managed node pools). The seed stays in the list so that an agent
+// whose learned addresses went stale (a cache from long ago) still
+// reaches the control plane.
 //
-// It is the one place where the order is chosen: a change of policy
-// (rendezvous hashing, say) belongs here.
+// It is the one place where the order is chosen.
 func dialOrder(nodeName string, seed, learned []string) []string {
 	out := make([]string, 0, len(seed)+len(learned))
 	for _, list := range [][]string{learned, seed} {
-		if len(list) == 0 {
-			continue
-		}
-		first := firstAddress(nodeName, len(list))
-		for i := range list {
-			if a := list[(first+i)%len(list)]; !slices.Contains(out, a) {
+		for _, a := range rendezvous(nodeName, list) {
+			if !slices.Contains(out, a) {
 				out = append(out, a)
 			}
 		}
@@ -37,13 +31,53 @@ func dialOrder(nodeName string, seed, learned []string) []string {
 	return out
 }
 
-// firstAddress picks the address an agent tries first: the same for a
-// node every time (it returns to the replica that knows it), spread evenly
-// over the replicas across nodes.
-func firstAddress(nodeName string, n int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(nodeName))
-	return int(h.Sum32() % uint32(n))
+// rendezvous orders addrs for nodeName by highest random weight
+// (rendezvous hashing): each node and address pair gets a pseudo-random
+// weight, and a node tries the addresses by falling weight. A node always
+// starts at the same replica, so it returns to the one that knows it, and
+// nodes spread evenly over the replicas. Unlike a rotation of one list,
+// the order after the first choice is the node's own: when a replica
+// goes, its nodes spread evenly over all the others instead of all moving
+// to the next address in the list, and a replica added takes an even
+// share from every other, moving no node between two old ones.
+func rendezvous(nodeName string, addrs []string) []string {
+	type weighted struct {
+		addr   string
+		weight uint64
+	}
+	ws := make([]weighted, len(addrs))
+	for i, a := range addrs {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(nodeName))
+		_, _ = h.Write([]byte{0})
+		_, _ = h.Write([]byte(a))
+		ws[i] = weighted{a, mix64(h.Sum64())}
+	}
+	slices.SortStableFunc(ws, func(x, y weighted) int {
+		switch {
+		case x.weight > y.weight:
+			return -1
+		case x.weight < y.weight:
+			return 1
+		}
+		return strings.Compare(x.addr, y.addr)
+	})
+	out := make([]string, len(ws))
+	for i, w := range ws {
+		out[i] = w.addr
+	}
+	return out
+}
+
+// mix64 is splitmix64's finalizer. FNV alone changes little in its high
+// bits for names that differ in their last characters (node-1, node-2),
+// which would make every node rank the addresses alike.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // LearnedAddresses returns the control plane addresses the agent learned

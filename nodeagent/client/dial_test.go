@@ -86,14 +86,10 @@ func TestDialsCachedLearnedAddress(t *testing.T) {
 
 func TestDialOrder(t *testing.T) {
 	seed := []string{"10.0.0.1:9640", "10.0.0.2:9640", "10.0.0.3:9640"}
-	// Nothing learned: the seed alone, from the node's first address, as
-	// before addresses were learned.
+	// Nothing learned: the seed alone, in the node's rendezvous order.
 	for i := range 30 {
 		node := fmt.Sprintf("node-%d", i)
-		got := dialOrder(node, seed, nil)
-		first := firstAddress(node, len(seed))
-		want := append(slices.Clone(seed[first:]), seed[:first]...)
-		if !slices.Equal(got, want) {
+		if got, want := dialOrder(node, seed, nil), rendezvous(node, seed); !slices.Equal(got, want) {
 			t.Fatalf("%s: %q, want %q", node, got, want)
 		}
 	}
