@@ -603,7 +603,10 @@ func TestHeadersEstablish(t *testing.T) {
 // every agent to its next address once an hour.
 func TestExpiredTokenReconnectsToSameReplica(t *testing.T) {
 	fakes, dial := listeners(t, "a", "b")
-	start(t, &fakeApplier{held: heldTable()}, dial, "a", "b")
+	up := make(chan bool, 4)
+	startOpts(t, &fakeApplier{held: heldTable()}, slog.New(slog.DiscardHandler), dial, func(o *Options) {
+		o.SilenceTimeout, o.OnConnected = time.Minute, func(b bool) { up <- b }
+	}, "a", "b")
 	var first string
 	var s grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse]
 	select {
@@ -617,6 +620,15 @@ func TestExpiredTokenReconnectsToSameReplica(t *testing.T) {
 	recv(t, s)                                // hello
 	if err := s.SendHeader(nil); err != nil { // the replica answered
 		t.Fatal(err)
+	}
+	// The token expires long after the agent saw the answer.
+	select {
+	case b := <-up:
+		if !b {
+			t.Fatal("told disconnected, want connected")
+		}
+	case <-time.After(waitFor):
+		t.Fatal("the agent never took the stream as answered")
 	}
 	select {
 	case fakes[first].kickErr <- status.Error(codes.Unauthenticated, "unauthenticated"):
