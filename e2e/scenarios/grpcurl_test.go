@@ -2,6 +2,7 @@ package scenarios
 
 import (
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -54,7 +55,18 @@ func (e *env) testGRPCurl(t *testing.T) {
 		contains(t, "describe", run(t, addr, "describe", "proxyplane.v1.TableService"),
 			"rpc Sync ( stream .proxyplane.v1.SyncRequest ) returns ( stream .proxyplane.v1.SyncResponse )",
 			"rpc WatchTable", "rpc ListNodes", "rpc ListEvents")
-		contains(t, "health", run(t, addr, "grpc.health.v1.Health/Check"), `"status": "SERVING"`)
+		// The health service follows readiness once a second: a replica
+		// just ready may still say NOT_SERVING for that long.
+		var health string
+		if err := box.Eventually(ctx, func() error {
+			health = run(t, addr, "grpc.health.v1.Health/Check")
+			if !strings.Contains(health, `"status": "SERVING"`) {
+				return errors.New("not serving yet")
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("health on %s: %v:\n%s", c.Name(), err, health)
+		}
 		run(t, addr, "proxyplane.v1.TableService/ListEvents")
 
 		var nodes struct {
