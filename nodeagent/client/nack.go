@@ -2,9 +2,9 @@ package client
 
 import (
 	"fmt"
-	"unicode/utf8"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // Bounds on a NACK's detail. A table of 10,000 invalid entries would
@@ -43,9 +43,5 @@ func truncate(s string, max int) string {
 		return s
 	}
 	const more = "... (truncated)"
-	cut := max - len(more)
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + more
+	return proxytable.CutUTF8(s, max-len(more)) + more
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -276,11 +277,25 @@ func clip(s string) string {
 	return strconv.Quote(s)
 }
 
+// CutUTF8 returns s cut to at most max bytes on a rune boundary, so that
+// text quoted from a rogue table stays valid UTF-8: a NACK carrying a
+// string field that is not cannot even be encoded.
+func CutUTF8(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
 // clipText cuts an error's text to 8*clipLen bytes: addresses and
 // prefixes that fail to parse are quoted whole by the parsers.
 func clipText(s string) string {
-	if len(s) > 8*clipLen {
-		return s[:8*clipLen] + "..."
+	if c := CutUTF8(s, 8*clipLen); len(c) < len(s) {
+		return c + "..."
 	}
 	return s
 }
@@ -289,8 +304,8 @@ func clipText(s string) string {
 // all the same.
 func clipMsgs(msgs []string) string {
 	out := strings.Join(msgs, "; ")
-	if len(out) > 4*clipLen {
-		out = out[:4*clipLen] + "..."
+	if c := CutUTF8(out, 4*clipLen); len(c) < len(out) {
+		return c + "..."
 	}
 	return out
 }
