@@ -151,8 +151,12 @@ func ParseServiceAccount(s string) (user string, err error) {
 	if err != nil {
 		return "", err
 	}
-	return "system:serviceaccount:" + ns + ":" + name, nil
+	return serviceAccountUser(ns, name), nil
 }
+
+// serviceAccountUser is the user name the API server gives a
+// ServiceAccount's tokens.
+func serviceAccountUser(ns, name string) string { return "system:serviceaccount:" + ns + ":" + name }
 
 func splitServiceAccount(s string) (ns, name string, err error) {
 	ns, name, ok := strings.Cut(s, "/")
@@ -211,11 +215,11 @@ func newAuthenticator(tr authnv1client.TokenReviewInterface, sar authzv1client.S
 	cfg Config, log *slog.Logger, clk clock.WithDelayedExecution,
 ) (*Authenticator, error) {
 	cfg = cfg.withDefaults()
-	user, err := ParseServiceAccount(cfg.AgentServiceAccount)
+	ns, sa, err := splitServiceAccount(cfg.AgentServiceAccount)
 	if err != nil {
 		return nil, err
 	}
-	ns, sa, _ := splitServiceAccount(cfg.AgentServiceAccount)
+	user := serviceAccountUser(ns, sa)
 	if errs := validation.IsDNS1123Subdomain(cfg.AgentDaemonSet); len(errs) > 0 {
 		return nil, fmt.Errorf("agent DaemonSet %q: %s", cfg.AgentDaemonSet, errs[0])
 	}

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -262,4 +263,30 @@ func TestStreamRecheck(t *testing.T) {
 	waitWaiters(t, clk, 2)
 	agent.wantOpen(t)
 	carol.wantOpen(t)
+}
+
+// TestStreamOutlivesItsPodsUpdates: the Pod events a live agent's Pod
+// sees all the time (a new resourceVersion, a phase, labels) re-check its
+// streams and leave them open.
+func TestStreamOutlivesItsPodsUpdates(t *testing.T) {
+	f := newFakeAPI()
+	a, _ := newTestAuthenticator(t, f, Config{})
+	cc := serveHold(t, a)
+	pod := agentPod("node-1")
+	setPod(t, a, pod)
+	token := f.podToken(pod, []string{DefaultAudience}, time.Now().Add(time.Hour))
+	sync := open(t, cc, "Sync", token, "node-1")
+	watch := open(t, cc, "WatchTable", token, "node-1")
+	for i, edit := range []func(*corev1.Pod){
+		func(p *corev1.Pod) { p.ResourceVersion = "2" },
+		func(p *corev1.Pod) { p.Status.Phase = corev1.PodRunning },
+		func(p *corev1.Pod) { p.Labels = map[string]string{"pod-template-generation": "3"} },
+	} {
+		p := pod.DeepCopy()
+		edit(p)
+		p.ResourceVersion = fmt.Sprint(10 + i)
+		setPod(t, a, p)
+	}
+	sync.wantOpen(t)
+	watch.wantOpen(t)
 }

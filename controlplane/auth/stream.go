@@ -150,16 +150,18 @@ func (g *guard) verify(ctx context.Context, how checkMode) error {
 			return err
 		}
 	}
-	if id.Agent {
-		if _, err := g.a.checkAgent(ctx, id, false); err != nil {
-			return err
-		}
-	}
 	g.mu.Lock()
 	grant := g.grant
 	g.mu.Unlock()
 	if grant != nil {
+		// Both grants (Authorize's, AuthorizeRead's) check an agent's
+		// Pod themselves.
 		return grant(ctx, id, how)
+	}
+	if id.Agent {
+		if _, err := g.a.checkAgent(ctx, id, false); err != nil {
+			return err
+		}
 	}
 	return nil
 }

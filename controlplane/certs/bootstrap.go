@@ -311,10 +311,7 @@ func (b *Bootstrapper) sync(ctx context.Context) (time.Duration, error) {
 
 // renewAt is two thirds into c's lifetime, as kubelet rotation does: the
 // remaining third leaves days to retry a failing renewal.
-func renewAt(c *tls.Certificate) time.Time {
-	life := c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)
-	return c.Leaf.NotBefore.Add(life * 2 / 3)
-}
+func renewAt(c *tls.Certificate) time.Time { return twoThirds(c.Leaf) }
 
 // caState is what a round signs with and publishes.
 type caState struct {
@@ -465,7 +462,10 @@ func (b *Bootstrapper) reconcileCA(ctx context.Context, s *corev1.Secret, now ti
 }
 
 // rotateCAAt is two thirds into a CA's life, as renewAt.
-func rotateCAAt(c *x509.Certificate) time.Time {
+func rotateCAAt(c *x509.Certificate) time.Time { return twoThirds(c) }
+
+// twoThirds is the point two thirds into c's validity.
+func twoThirds(c *x509.Certificate) time.Time {
 	return c.NotBefore.Add(c.NotAfter.Sub(c.NotBefore) * 2 / 3)
 }
 

@@ -109,12 +109,7 @@ func primaryNodeIPs(addrs []corev1.NodeAddress) []string {
 // c instead of its own. The CIDRs are cluster-wide, but NodeInfo is where
 // the table's non-Service facts travel: a change of them changes every
 // node's hash, so each agent gets a delta with its node and no entries.
-func (n *Node) WithServiceCIDRs(c *ServiceCIDRs) *Node {
-	if n.cidrs.Equal(c) {
-		return n
-	}
-	return encodeNode(n.info, c, n.cp)
-}
+func (n *Node) WithServiceCIDRs(c *ServiceCIDRs) *Node { return n.WithCluster(c, n.cp) }
 
 // ServiceCIDRs returns the service CIDRs the node carries.
 func (n *Node) ServiceCIDRs() *ServiceCIDRs { return n.cidrs }
@@ -123,10 +118,17 @@ func (n *Node) ServiceCIDRs() *ServiceCIDRs { return n.cidrs }
 // addresses a instead of its own. Like the service CIDRs they are
 // cluster-wide and travel in NodeInfo, so a change reaches every agent.
 func (n *Node) WithControlPlaneAddresses(a *ControlPlaneAddresses) *Node {
-	if n.cp.Equal(a) {
+	return n.WithCluster(n.cidrs, a)
+}
+
+// WithCluster returns the node carrying both cluster-wide facts, the
+// service CIDRs c and the control plane addresses a, encoded once: the
+// store sets both on every node it rebuilds.
+func (n *Node) WithCluster(c *ServiceCIDRs, a *ControlPlaneAddresses) *Node {
+	if n.cidrs.Equal(c) && n.cp.Equal(a) {
 		return n
 	}
-	return encodeNode(n.info, n.cidrs, a)
+	return encodeNode(n.info, c, a)
 }
 
 // ControlPlaneAddresses returns the control plane addresses the node

@@ -114,7 +114,7 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 		cp = u.ControlPlaneAddresses
 	}
 	// Both are cluster-wide facts every NodeInfo carries.
-	cidrsChanged := !cidrs.Equal(prev.cidrs) || !cp.Equal(prev.cp)
+	clusterChanged := !cidrs.Equal(prev.cidrs) || !cp.Equal(prev.cp)
 	oldServices := map[string]*compute.Service{}
 	for k, svc := range services {
 		if old := prev.services[k]; !old.Equal(svc) {
@@ -128,22 +128,22 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 	changedNodeNames := map[string]bool{}
 	for name, n := range u.Nodes {
 		if n != nil {
-			n = n.WithServiceCIDRs(cidrs).WithControlPlaneAddresses(cp)
+			n = n.WithCluster(cidrs, cp)
 		}
 		nodes[name] = n
 		if old := prev.nodes[name]; !old.Equal(n) {
 			changedNodeNames[name] = true
 		}
 	}
-	if cidrsChanged {
+	if clusterChanged {
 		for name, n := range prev.nodes {
 			if _, ok := nodes[name]; !ok {
-				nodes[name] = n.WithServiceCIDRs(cidrs).WithControlPlaneAddresses(cp)
+				nodes[name] = n.WithCluster(cidrs, cp)
 				changedNodeNames[name] = true
 			}
 		}
 	}
-	if h != nil && len(oldServices) == 0 && len(changedNodeNames) == 0 && !cidrsChanged {
+	if h != nil && len(oldServices) == 0 && len(changedNodeNames) == 0 && !clusterChanged {
 		// Only the latest world moves, and only under s.mu: a stream
 		// still sending an older one never claims more than it holds.
 		raise(&prev.rv, u.ResourceVersion)

@@ -73,7 +73,7 @@ func (w *World) Node(name string) *compute.Node {
 	if n, ok := w.nodes[name]; ok {
 		return n
 	}
-	return compute.BuildNode(name, nil).WithServiceCIDRs(w.cidrs).WithControlPlaneAddresses(w.cp)
+	return compute.BuildNode(name, nil).WithCluster(w.cidrs, w.cp)
 }
 
 // ServiceCIDRs returns the cluster's service CIDRs.

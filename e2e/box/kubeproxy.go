@@ -187,10 +187,6 @@ func (b *Box) relayAPIServer(ctx context.Context, ns string) error {
 	return nil
 }
 
-// Mode returns kube-proxy's --proxy-mode: iptables unless SetMode
-// changed it.
-func (kp *KubeProxy) Mode() string { return kp.cfg.Mode }
-
 // SetMode sets kube-proxy's --proxy-mode (iptables or nftables) for its
 // next start, as an operator edits `mode` in kube-proxy's ConfigMap; the
 // rest of its command line stays. kube-proxy must be stopped.

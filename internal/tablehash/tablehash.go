@@ -57,8 +57,11 @@ func Entry(key string, s *pb.Service) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("encoding service %s: %w", key, err)
 	}
-	shared := make([]byte, 0, len(b))
-	var local []byte
+	// Each part is hashed as it is found: a streaming digest over the
+	// part's fields gives what Part gives over them laid end to end.
+	var shared, local xxhash.Digest
+	shared.Reset()
+	local.Reset()
 	for rest := b; len(rest) > 0; {
 		num, typ, n := protowire.ConsumeTag(rest)
 		if n < 0 {
@@ -69,13 +72,13 @@ func Entry(key string, s *pb.Service) (uint64, error) {
 			return 0, fmt.Errorf("splitting service %s: %w", key, protowire.ParseError(m))
 		}
 		if num == localEndpointsField {
-			local = append(local, rest[:n+m]...)
+			_, _ = local.Write(rest[:n+m])
 		} else {
-			shared = append(shared, rest[:n+m]...)
+			_, _ = shared.Write(rest[:n+m])
 		}
 		rest = rest[n+m:]
 	}
-	return Combine(key, Part(shared), Part(local)), nil
+	return Combine(key, shared.Sum64(), local.Sum64()), nil
 }
 
 // Node returns the hash of n as the control plane computes it: of its

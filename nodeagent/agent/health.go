@@ -49,7 +49,7 @@ type Health struct {
 	// oldestPending is, per family, when the oldest change not yet
 	// programmed in it was handed over; absent when nothing waits.
 	oldestPending map[dataplane.Family]time.Time
-	// holdsTable is true once a table has been programmed; toBeDeleted
+	// holdsTable is true once a table has been programmed; ineligible
 	// is what the last one said of the node.
 	holdsTable, ineligible bool
 	// lostControlPlane is when the agent was last without a control

@@ -82,7 +82,7 @@ type Config struct {
 func (c Config) Validate() error {
 	var errs []error
 	if c.Name == "" || c.NetNS == "" || c.Kubelet == "" || c.PauseImage == "" || c.APIServerURL == "" || c.Token == "" {
-		errs = append(errs, errors.New("Name, NetNS, Kubelet, PauseImage, APIServerURL and Token are required"))
+		errs = append(errs, errors.New("config: Name, NetNS, Kubelet, PauseImage, APIServerURL and Token are required"))
 	}
 	if c.Client == nil {
 		errs = append(errs, errors.New("client is required"))
@@ -193,9 +193,6 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 	}
 	return n, nil
 }
-
-// Name returns the Node's name.
-func (n *Node) Name() string { return n.cfg.Name }
 
 // LogPath returns the log of "kubelet" or "containerd".
 func (n *Node) LogPath(component string) string { return n.logPath(component) }
