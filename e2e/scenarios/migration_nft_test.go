@@ -5,11 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -108,14 +106,8 @@ func (e *env) migrateFromNFT(t *testing.T, agentMode string) { //nolint:thelper 
 		t.Logf("nft list ruleset in %s:\n%s", node.Name(), out)
 	}()
 
-	svc := migrationService(ctx, t, b)
-	clusterAddr := box.ClusterAddr(svc)
-	clusterIP := svc.Spec.ClusterIPs[0]
-	nodePortAddr := nstest.HostPort(node.IP(), int(svc.Spec.Ports[0].NodePort))
-	echoAddr := net.JoinHostPort(clusterIP, strconv.Itoa(echoServicePort))
-	if _, err := b.WaitProgrammed(ctx, hasKey(box.Namespace+"/"+svc.Name)); err != nil {
-		t.Fatal(err)
-	}
+	mt := programmedMigrationService(ctx, t, b, node)
+	clusterAddr, clusterIP, nodePortAddr, echoAddr := mt.clusterAddr, mt.clusterIP, mt.nodePortAddr, mt.echoAddr
 
 	// 1. The node as kube-proxy in nftables mode runs it.
 	if err := a.Stop(ctx); err != nil {
@@ -259,7 +251,7 @@ func (e *env) migrateFromNFT(t *testing.T, agentMode string) { //nolint:thelper 
 	if err := kp.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitKubeProxyNFT(ctx, t, tp, kp.Process, ns, clusterIP, svc.Spec.Ports[0].Port)
+	waitKubeProxyNFT(ctx, t, tp, kp.Process, ns, clusterIP, mt.svc.Spec.Ports[0].Port)
 	figure(t, "migration-nft-takeover", "agent-mode=%s to=kube-proxy node=%s rules-in=%s", agentMode, node.Name(), ms(time.Since(start)))
 	// kube-proxy's chains are the newest on the hooks now (the agent's
 	// syncs flush and refill its chains, never create them anew).

@@ -67,14 +67,8 @@ func (e *env) testMigration(t *testing.T) {
 	// its arguments and its rules, kube-proxy stopped and cleaned.
 	defer restoreAfterMigration(t, b, kp, a, strings.TrimSpace(string(localnet)))
 
-	svc := migrationService(ctx, t, b)
-	clusterAddr := box.ClusterAddr(svc)
-	clusterIP := svc.Spec.ClusterIPs[0]
-	nodePortAddr := nstest.HostPort(node.IP(), int(svc.Spec.Ports[0].NodePort))
-	echoAddr := net.JoinHostPort(clusterIP, strconv.Itoa(echoServicePort))
-	if _, err := b.WaitProgrammed(ctx, hasKey(box.Namespace+"/"+svc.Name)); err != nil {
-		t.Fatal(err)
-	}
+	mt := programmedMigrationService(ctx, t, b, node)
+	clusterAddr, clusterIP, nodePortAddr, echoAddr := mt.clusterAddr, mt.clusterIP, mt.nodePortAddr, mt.echoAddr
 
 	// 1. The node as kube-proxy runs it: no agent, no proxyplane rule.
 	if err := a.Stop(ctx); err != nil {
@@ -591,4 +585,28 @@ func stopKubeProxyForAgent(ctx context.Context, t *testing.T, kp *box.KubeProxy,
 		t.Fatalf("the agent never took 10249 and 10256 after kube-proxy stopped: %v\n%s", err, a.LogTail(20))
 	}
 	return time.Since(stoppedAt)
+}
+
+// migrationTarget is the migration Service and the addresses the probes
+// and echoes of a migration use through it.
+type migrationTarget struct {
+	svc                                            *corev1.Service
+	clusterAddr, clusterIP, nodePortAddr, echoAddr string
+}
+
+// programmedMigrationService creates the migration Service and waits
+// until every node holds it; the NodePort is node's.
+func programmedMigrationService(ctx context.Context, t *testing.T, b *box.Box, node *nstest.Node) migrationTarget {
+	t.Helper()
+	svc := migrationService(ctx, t, b)
+	clusterIP := svc.Spec.ClusterIPs[0]
+	mt := migrationTarget{
+		svc: svc, clusterAddr: box.ClusterAddr(svc), clusterIP: clusterIP,
+		nodePortAddr: nstest.HostPort(node.IP(), int(svc.Spec.Ports[0].NodePort)),
+		echoAddr:     net.JoinHostPort(clusterIP, strconv.Itoa(echoServicePort)),
+	}
+	if _, err := b.WaitProgrammed(ctx, hasKey(box.Namespace+"/"+svc.Name)); err != nil {
+		t.Fatal(err)
+	}
+	return mt
 }

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,14 +57,8 @@ func (e *env) testModeSwitch(t *testing.T) {
 		}
 	}()
 
-	svc := migrationService(ctx, t, b)
-	clusterAddr := box.ClusterAddr(svc)
-	clusterIP := svc.Spec.ClusterIPs[0]
-	nodePortAddr := nstest.HostPort(node.IP(), int(svc.Spec.Ports[0].NodePort))
-	echoAddr := net.JoinHostPort(clusterIP, strconv.Itoa(echoServicePort))
-	if _, err := b.WaitProgrammed(ctx, hasKey(box.Namespace+"/"+svc.Name)); err != nil {
-		t.Fatal(err)
-	}
+	mt := programmedMigrationService(ctx, t, b, node)
+	clusterAddr, nodePortAddr, echoAddr := mt.clusterAddr, mt.nodePortAddr, mt.echoAddr
 	podNS := tp.PodNS(podOn(b, k))
 	probes := startPathProbes(t, b, "mode-switch-probe", "", "across the mode switches",
 		probePath{"client->clusterip", tp.ClientNS(), clusterAddr},
