@@ -466,6 +466,17 @@ func TestOpenCorrupt(t *testing.T) {
 		}())),
 		reason: "is not its content",
 	}, {
+		// A planted node under the honest node's hash: its own replica
+		// addresses and service CIDRs would steer and cut the agent off.
+		name: "forged node under its honest hash",
+		prepare: put(bucketMeta, keyNode, mustMarshal(t, func() *pb.NodeInfo {
+			n := testNode()
+			n.ControlPlaneAddresses = []string{"203.0.113.66:9640"}
+			n.ServiceCidrs = []string{"10.0.0.0/8"}
+			return n
+		}())),
+		reason: "node info hash",
+	}, {
 		name:    "version does not add up",
 		prepare: put(bucketMeta, keyVersion, []byte("00000000000000ff")),
 		reason:  "add up to version",
