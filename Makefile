@@ -193,21 +193,24 @@ e2e-apiserver:
 kube-proxy:
 	cd e2e/cmd/kpbench/upstream && go build -ldflags '$(E2E_LDFLAGS)' -o $(BIN)/kube-proxy k8s.io/kubernetes/cmd/kube-proxy
 
-# kube-node-bins builds upstream's kubelet, kube-controller-manager and
-# kube-scheduler at E2E_K8S_VERSION from their own module (e2e/cmd/kube),
-# stamped like e2e-apiserver, for the box's real nodes (e2e/box/node).
-# One `go build` for the three: they share most packages.
+# kube-node-bins builds upstream's kubelet, kube-controller-manager,
+# kube-scheduler and kubectl at E2E_K8S_VERSION from their own module
+# (e2e/cmd/kube), stamped like e2e-apiserver, for the box's real nodes
+# (e2e/box/node) and the demo's kubectl. One `go build` for the four:
+# they share most packages.
 .PHONY: kube-node-bins e2e-node
 kube-node-bins:
 	cd e2e/cmd/kube && go build -ldflags '$(E2E_LDFLAGS)' -o $(BIN)/ \
-		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-controller-manager \
+		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
 
 # e2e-node runs e2e/box/node's tests, as root: one real node (containerd,
 # runc and the CNI plugins from Debian, upstream's kubelet) registered with
 # e2e-apiserver runs pods of the backend image, placed by hand and then by
 # a Deployment through kube-controller-manager and kube-scheduler, and its
-# teardown leaves nothing on the host. Not part of `make test` yet
-# (E2E_NODE gates it).
+# teardown leaves nothing on the host. `make e2e` runs the whole box on
+# such nodes (e2e/scenarios TestPods); these are the node's own tests
+# (E2E_NODE gates them).
 e2e-node: e2e-apiserver kube-node-bins images
 	hack/install-node-deps.sh
 	cd e2e && E2E_NODE=1 E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) go test -v -count=1 -timeout 10m ./box/node/
@@ -215,10 +218,22 @@ e2e-node: e2e-apiserver kube-node-bins images
 # e2e runs the end-to-end tests (e2e/cluster, and e2e/scenarios on the
 # cluster-in-a-box of e2e/box, as root) against e2e-apiserver and the
 # built binaries; the grpcurl scenario runs the pinned grpcurl, the
-# migration scenario upstream kube-proxy. -v shows
+# migration scenario upstream kube-proxy, and TestPods deploy/ itself on
+# real kubelets and containerd (the node binaries, the images and the OS
+# packages hack/install-node-deps.sh installs). -v shows
 # the scenarios' measured figures (lines "e2e-figure: ...") when they pass.
-e2e: build e2e-apiserver kube-proxy tools
+e2e: build e2e-apiserver kube-proxy tools kube-node-bins images
+	hack/install-node-deps.sh
 	cd e2e && E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) go test -v -count=1 -timeout 30m ./...
+
+# e2e-rotation watches the kubelet rotate every agent's projected token on
+# the box's real nodes (e2e/scenarios TestPodsTokenRotation): about 12
+# minutes, since the kubelet refreshes a token at 80% of its life and the
+# API server grants no less than 10 minutes. Not part of `make test`.
+.PHONY: e2e-rotation
+e2e-rotation: build e2e-apiserver kube-node-bins images
+	hack/install-node-deps.sh
+	cd e2e && E2E_ROTATION=1 E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) go test -v -count=1 -timeout 25m -run '^TestPodsTokenRotation$$' ./scenarios/
 
 # demo is the README's first command: a cluster in a box (e2e/box) with
 # sample Services, running until Ctrl-C, then removed. As root; it installs
@@ -227,19 +242,21 @@ e2e: build e2e-apiserver kube-proxy tools
 .PHONY: demo demo-check
 demo-check:
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make demo needs root: it creates network namespaces and programs rules in them (sudo make demo)" >&2; exit 1; fi
-	@if [ ! -x $(BIN)/e2e-apiserver ]; then echo "building the binaries and a real etcd + kube-apiserver (e2e/cmd/apiserver): about 6 to 10 minutes and 2.3 GB of memory the first time" >&2; fi
+	@if [ ! -x $(BIN)/e2e-apiserver ]; then echo "building the binaries, a real etcd + kube-apiserver (e2e/cmd/apiserver), upstream's kubelet, controller manager, scheduler and kubectl (e2e/cmd/kube) and the images: about 10 to 15 minutes and 2.3 GB of memory the first time" >&2; fi
 # demo-check runs first: root, then what the build is about to take.
-demo: demo-check build e2e-apiserver
+demo: demo-check build e2e-apiserver kube-node-bins images
 	hack/install-os-deps.sh
+	hack/install-node-deps.sh
 	go -C tools build -o $(BIN)/ github.com/fullstorydev/grpcurl/cmd/grpcurl
 	cd e2e && go build -o $(BIN)/e2e-demo ./cmd/demo
 	E2E_APISERVER=$(BIN)/e2e-apiserver E2E_BIN_DIR=$(BIN) $(BIN)/e2e-demo
 
 # bench-upstream compares proxyplane's nftables dataplane with upstream
-# kube-proxy's nftables mode on this kernel, at 1k, 5k and 10k Services, in
-# one run, as root (e2e/cmd/kpbench; docs/benchmarks.md records it), against
-# the kube-proxy target's build. Pass other flags with KPBENCH_FLAGS (for
-# example --sizes=1000 --upstream-reps=1).
+# kube-proxy's nftables mode on this kernel, at 1k, 5k and 10k Services of
+# 3 endpoints and at 5,000 x 50 and 10,000 x 25 endpoints, in one run, as
+# root (e2e/cmd/kpbench; docs/benchmarks.md records it), against the
+# kube-proxy target's build. Pass other flags with KPBENCH_FLAGS (for
+# example --sizes=1000 --worlds= --upstream-reps=1, or --modes=nftables,iptables).
 KPBENCH_FLAGS ?=
 .PHONY: bench-upstream
 bench-upstream: e2e-apiserver kube-proxy

@@ -4,6 +4,8 @@
 //
 //	controlplane [flags]                     run the control plane
 //	controlplane status --server=HOST:PORT   print every node's sync state (controlplane status --help)
+//	controlplane explain --server=HOST:PORT --node=N --service=NS/NAME
+//	                                         what node N programs for a Service, and why (controlplane explain --help)
 package main
 
 import (
@@ -16,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/proxyplane/proxyplane/controlplane/app"
+	"github.com/proxyplane/proxyplane/controlplane/explain"
 	"github.com/proxyplane/proxyplane/controlplane/status"
 	"github.com/proxyplane/proxyplane/internal/cli"
 )
@@ -24,6 +27,12 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "status" {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		code := status.Main(ctx, os.Args[2:], cli.Version(""), os.Stdout, os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	if len(os.Args) > 1 && os.Args[1] == "explain" {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		code := explain.Main(ctx, os.Args[2:], cli.Version(""), os.Stdout, os.Stderr)
 		stop()
 		os.Exit(code)
 	}

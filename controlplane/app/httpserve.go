@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/proxyplane/proxyplane/controlplane/certs"
+	"github.com/proxyplane/proxyplane/controlplane/limit"
 )
 
 // Bounds on what a client of --metrics-address can make the server hold.
@@ -146,7 +146,7 @@ func newHTTPServer(lis net.Listener, cfg httpConfig, log *slog.Logger) (*http.Se
 	mux := http.NewServeMux()
 	healthHandlers(mux, cfg.Ready, cfg.Watches)
 	metrics := promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{Registry: cfg.Registry})
-	lis = capConns(lis, httpMaxConns, httpMaxConnsPerPeer)
+	lis = capConns(lis, log)
 	if cfg.Secure {
 		fallback, err := fallbackCertificate(cfg.Namespace)
 		if err != nil {
@@ -184,6 +184,15 @@ func newHTTPServer(lis net.Listener, cfg httpConfig, log *slog.Logger) (*http.Se
 	return srv, lis, nil
 }
 
+// capConns closes, as they are accepted, connections past httpMaxConns
+// in all or past httpMaxConnsPerPeer from one IP address, as the gRPC
+// port's limiter does (with no rate: probes and scrapes are few).
+func capConns(lis net.Listener, log *slog.Logger) net.Listener {
+	return limit.New(limit.Config{
+		MaxConnections: httpMaxConns, MaxConnectionsPerSource: httpMaxConnsPerPeer, PeerRate: -1,
+	}, log.With("listener", "metrics")).Listener(lis)
+}
+
 // fallbackCertificate is served on the metrics port until the serving
 // certificate exists: self-signed, in memory, never trusted by anyone.
 // The kubelet does not verify a probe's certificate, so probes are
@@ -195,69 +204,4 @@ func fallbackCertificate(ns string) (*tls.Certificate, error) {
 	}
 	now := time.Now()
 	return ca.Issue(certs.DNSNames(ns), nil, now, ca.Cert.NotAfter.Sub(now))
-}
-
-// capConns closes, as they are accepted, connections past max in all or
-// past perPeer from one IP address.
-func capConns(lis net.Listener, maxConns, perPeer int) net.Listener {
-	return &cappedListener{Listener: lis, max: maxConns, perPeer: perPeer, peers: map[netip.Addr]int{}}
-}
-
-type cappedListener struct {
-	net.Listener
-	max, perPeer int
-
-	// mu protects total and peers (open connections per address).
-	mu    sync.Mutex
-	total int
-	peers map[netip.Addr]int
-}
-
-// Accept returns the next connection within the caps.
-func (l *cappedListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		var ip netip.Addr
-		if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
-			ip = ap.Addr().Unmap()
-		}
-		l.mu.Lock()
-		ok := l.total < l.max && l.peers[ip] < l.perPeer
-		if ok {
-			l.total++
-			l.peers[ip]++
-		}
-		l.mu.Unlock()
-		if !ok {
-			_ = c.Close()
-			continue
-		}
-		return &cappedConn{Conn: c, l: l, ip: ip}, nil
-	}
-}
-
-func (l *cappedListener) release(ip netip.Addr) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.total--
-	if l.peers[ip]--; l.peers[ip] <= 0 {
-		delete(l.peers, ip)
-	}
-}
-
-// cappedConn gives its slot back once, however often it is closed.
-type cappedConn struct {
-	net.Conn
-	l    *cappedListener
-	ip   netip.Addr
-	once sync.Once
-}
-
-// Close closes the connection and frees its slot.
-func (c *cappedConn) Close() error {
-	c.once.Do(func() { c.l.release(c.ip) })
-	return c.Conn.Close()
 }

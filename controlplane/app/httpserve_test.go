@@ -2,14 +2,17 @@ package app
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,11 +21,15 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	authnv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/proxyplane/proxyplane/controlplane/certs"
+	"github.com/proxyplane/proxyplane/controlplane/limit"
 )
 
 const testNS = "proxyplane-system"
@@ -60,6 +67,11 @@ func TestSecureMetrics(t *testing.T) {
 type reviewer struct {
 	tokens, access atomic.Int64
 	down           atomic.Bool
+	// hold, when set, keeps the reviews of tokens starting "random-"
+	// waiting until it is closed; inFlight and maxInFlight count the
+	// token reviews under way.
+	hold                  chan struct{}
+	inFlight, maxInFlight atomic.Int64
 }
 
 func (rv *reviewer) client() *fake.Clientset {
@@ -74,7 +86,7 @@ func (rv *reviewer) client() *fake.Clientset {
 			return true, nil, errors.New("a /metrics TokenReview named audiences")
 		}
 		switch tr.Spec.Token {
-		case "scraper":
+		case "scraper", "scraper-rotated":
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "system:serviceaccount:monitoring:prometheus", Groups: []string{"system:serviceaccounts"}}}
 		case "nobody":
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "nobody"}}
@@ -89,6 +101,49 @@ func (rv *reviewer) client() *fake.Clientset {
 		return true, sar, nil
 	})
 	return c
+}
+
+// holding returns rv's client with its token reviews counted in flight
+// and, for tokens starting "random-", held until rv.hold is closed: a
+// slow API server. (The fake clientset runs its reactors under one lock,
+// so the hold comes before it.)
+func (rv *reviewer) holding() kubernetes.Interface {
+	return holdingClient{Interface: rv.client(), rv: rv}
+}
+
+type holdingClient struct {
+	kubernetes.Interface
+	rv *reviewer
+}
+
+func (c holdingClient) AuthenticationV1() authnv1client.AuthenticationV1Interface {
+	return holdingAuthn{AuthenticationV1Interface: c.Interface.AuthenticationV1(), rv: c.rv}
+}
+
+type holdingAuthn struct {
+	authnv1client.AuthenticationV1Interface
+	rv *reviewer
+}
+
+func (a holdingAuthn) TokenReviews() authnv1client.TokenReviewInterface {
+	return holdingReviews{TokenReviewInterface: a.AuthenticationV1Interface.TokenReviews(), rv: a.rv}
+}
+
+type holdingReviews struct {
+	authnv1client.TokenReviewInterface
+	rv *reviewer
+}
+
+func (h holdingReviews) Create(ctx context.Context, tr *authnv1.TokenReview, opts metav1.CreateOptions) (*authnv1.TokenReview, error) {
+	rv := h.rv
+	n := rv.inFlight.Add(1)
+	defer rv.inFlight.Add(-1)
+	for m := rv.maxInFlight.Load(); n > m && !rv.maxInFlight.CompareAndSwap(m, n); m = rv.maxInFlight.Load() {
+	}
+	if rv.hold != nil && strings.HasPrefix(tr.Spec.Token, "random-") {
+		<-rv.hold
+	}
+	return h.TokenReviewInterface.Create(ctx, tr, opts)
 }
 
 // testServing serves newHTTPServer on loopback and returns its address;
@@ -205,6 +260,80 @@ func TestMetricsNeedTheAPIServersAuthorization(t *testing.T) {
 	}
 }
 
+// TestMetricsTokenFloodBounded is the flood of random bearer tokens at
+// :9641 from a pod: every one costs a TokenReview, so at most two are in
+// flight (metricsReviewsInFlight), and the flood's hold at most one of
+// them, so a scraper already known by its address is still answered,
+// even when its token has just rotated and must be reviewed while the
+// flood's reviews are stuck at the API server.
+func TestMetricsTokenFloodBounded(t *testing.T) {
+	rv := &reviewer{hold: make(chan struct{})}
+	pool, getCert := servingCA(t)
+	addr, _ := testServing(t, httpConfig{Secure: true, GetCertificate: getCert, Reviews: rv.holding()})
+	from := func(ip string) *http.Client {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+			DialContext: d.DialContext, DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: certs.ServerName(testNS), MinVersion: tls.VersionTLS12},
+		}}
+	}
+	scraper, attacker := from("127.0.0.1"), from("127.0.0.2")
+	url := "https://" + addr + "/metrics"
+	if code, _, err := get(scraper, url, "scraper"); err != nil || code != http.StatusOK {
+		t.Fatalf("the scraper's first scrape: %d %v", code, err)
+	}
+
+	const flood = 12 // within the listener's 16 connections per address
+	var wg sync.WaitGroup
+	codes := make(chan int, flood)
+	for i := range flood {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, _, err := get(attacker, url, fmt.Sprintf("random-%d", i))
+			if err != nil {
+				t.Errorf("flood request %d: %v", i, err)
+			}
+			codes <- code
+		}()
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(rv.hold)
+		}
+	}
+	defer func() { release(); wg.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for rv.inFlight.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no review of the flood started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	// The scraper's token rotated: a review it must get while the
+	// flood's are stuck.
+	if code, body, err := get(scraper, url, "scraper-rotated"); err != nil || code != http.StatusOK || !strings.Contains(body, "proxyplane_test_gauge") {
+		t.Errorf("the scraper during the flood: %d %v, want 200 with the metrics", code, err)
+	}
+	release()
+	wg.Wait()
+	close(codes)
+	for code := range codes {
+		if code != http.StatusUnauthorized && code != http.StatusServiceUnavailable {
+			t.Errorf("a flood request got %d, want 401 or 503", code)
+		}
+	}
+	if m := rv.maxInFlight.Load(); m > metricsReviewsInFlight {
+		t.Errorf("%d token reviews in flight at once, want at most %d", m, metricsReviewsInFlight)
+	}
+	if n := rv.tokens.Load(); n > flood+2 {
+		t.Errorf("%d token reviews, want at most one per token (%d)", n, flood+2)
+	}
+}
+
 // TestMetricsPortBeforeTheCertificate: until a serving certificate
 // exists the port serves a self-signed one, so that the kubelet's probes
 // (which verify nothing) are answered, and /readyz says why the replica
@@ -309,7 +438,7 @@ func TestHTTPConnectionCaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	capped := capConns(lis, 100, 3)
+	capped := limit.New(limit.Config{MaxConnections: 100, MaxConnectionsPerSource: 3, PeerRate: -1}, slog.New(slog.DiscardHandler)).Listener(lis)
 	defer func() { _ = capped.Close() }()
 	accepted := make(chan net.Conn, 10)
 	go func() {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -35,7 +36,12 @@ import (
 // token, 403 without the right. It shares nothing with the agents'
 // authentication: its own client and QPS (metricsReviewClient), its own
 // cache and reviews in flight, so tokens thrown at /metrics cannot slow
-// an agent's admission.
+// an agent's admission. As the agents' review gate (controlplane/auth),
+// it keeps strangers from starving known callers: an address whose token
+// was allowed lately is known, and its reviews may take any slot, while
+// the others' hold at most metricsStrangerReviews, so that random tokens
+// thrown at the port never keep a scraper whose token rotated from being
+// reviewed.
 type metricsAuthorizer struct {
 	tokenReviews  tokenReviewer
 	accessReviews accessReviewer
@@ -43,8 +49,12 @@ type metricsAuthorizer struct {
 	// decisions maps a token's SHA-256 (never the token) to its HTTP
 	// status: 200, 401 or 403.
 	decisions *cache.LRUExpireCache
-	// slots holds one token per review in flight.
-	slots chan struct{}
+	// slots holds one token per review in flight, strangers one per
+	// review in flight for an address not known.
+	slots, strangers chan struct{}
+	// known holds the addresses (netip.Addr) whose token was allowed
+	// within metricsKnownTTL.
+	known *cache.LRUExpireCache
 }
 
 type tokenReviewer interface {
@@ -68,6 +78,12 @@ const (
 	// concurrent requests (and the client's QPS).
 	metricsReviewsInFlight = 2
 	metricsReviewWait      = 5 * time.Second
+	// metricsStrangerReviews is how many of those the reviews for
+	// addresses not known may hold: the other is always free for a
+	// known scraper. metricsKnownTTL is how long an address stays known
+	// after its token was allowed: far longer than a scrape interval.
+	metricsStrangerReviews = 1
+	metricsKnownTTL        = time.Hour
 	// metricsMaxTokenBytes refuses what cannot be a token before it is
 	// hashed or sent anywhere, as auth.MaxTokenBytes.
 	metricsMaxTokenBytes = 16 << 10
@@ -83,6 +99,8 @@ func newMetricsAuthorizer(client kubernetes.Interface, log *slog.Logger) *metric
 		log:           log,
 		decisions:     cache.NewLRUExpireCache(metricsCacheSize),
 		slots:         make(chan struct{}, metricsReviewsInFlight),
+		strangers:     make(chan struct{}, metricsStrangerReviews),
+		known:         cache.NewLRUExpireCache(metricsCacheSize),
 	}
 }
 
@@ -96,7 +114,11 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 			http.Error(w, http.StatusText(http.StatusUnauthorized), http.StatusUnauthorized)
 			return
 		}
-		code, err := m.decide(r.Context(), token)
+		var remote netip.Addr
+		if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+			remote = ap.Addr().Unmap()
+		}
+		code, err := m.decide(r.Context(), token, remote)
 		if err != nil {
 			m.log.Warn("cannot authorize a request for /metrics", "err", err, "remote", r.RemoteAddr)
 			w.Header().Set("Retry-After", "5")
@@ -125,20 +147,24 @@ func bearer(r *http.Request) (string, bool) {
 	return token, true
 }
 
-// decide returns the status token earns: 200, 401 or 403, from the cache
-// or from the API server. An error means the API server could not be
-// asked; it is not cached.
-func (m *metricsAuthorizer) decide(ctx context.Context, token string) (int, error) {
+// decide returns the status token, sent from remote, earns: 200, 401 or
+// 403, from the cache or from the API server. An error means the API
+// server could not be asked; it is not cached.
+func (m *metricsAuthorizer) decide(ctx context.Context, token string, remote netip.Addr) (int, error) {
 	key := sha256.Sum256([]byte(token))
 	if v, ok := m.decisions.Get(key); ok {
 		return v.(int), nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, metricsReviewWait)
 	defer cancel()
-	select {
-	case m.slots <- struct{}{}:
-	case <-ctx.Done():
-		return 0, fmt.Errorf("waiting for a review slot: %w", ctx.Err())
+	if _, known := m.known.Get(remote); !known {
+		if err := take(ctx, m.strangers); err != nil {
+			return 0, err
+		}
+		defer func() { <-m.strangers }()
+	}
+	if err := take(ctx, m.slots); err != nil {
+		return 0, err
 	}
 	defer func() { <-m.slots }()
 	// Scrapes that came together with one token waited for the same
@@ -151,7 +177,20 @@ func (m *metricsAuthorizer) decide(ctx context.Context, token string) (int, erro
 		return 0, err
 	}
 	m.decisions.Add(key, code, metricsDecisionTTL)
+	if code == http.StatusOK {
+		m.known.Add(remote, struct{}{}, metricsKnownTTL)
+	}
 	return code, nil
+}
+
+// take takes a slot of slots, waiting until ctx ends.
+func take(ctx context.Context, slots chan struct{}) error {
+	select {
+	case slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for a review slot: %w", ctx.Err())
+	}
 }
 
 func (m *metricsAuthorizer) review(ctx context.Context, token string) (int, error) {

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/proxyplane/proxyplane/internal/capture"
 	"github.com/proxyplane/proxyplane/internal/cli"
 
 	"github.com/proxyplane/proxyplane/controlplane/auth"
@@ -86,6 +87,19 @@ type Options struct {
 	// server.Options.
 	AdmissionRate  float64
 	AdmissionBurst int
+	// ConvergenceTracking measures the convergence SLI; see
+	// server.Options.DisableConvergence.
+	ConvergenceTracking bool
+	// AgentControlPlane is the agents' --control-plane (host:port each),
+	// NodePortRange the API server's --service-node-port-range and
+	// NodeAddressServicePorts the agents'
+	// --allow-node-address-service-ports: with them the control plane
+	// leaves out of every table the external and load balancer IPs that
+	// every agent would refuse (compute.Guard), so that one Service
+	// cannot freeze every node's table.
+	AgentControlPlane       []string
+	NodePortRange           string
+	NodeAddressServicePorts bool
 }
 
 // serviceAccountNamespaceFile is where the kubelet mounts the Pod's
@@ -148,6 +162,10 @@ func NewOptions() *Options {
 		PeerBurst:           limit.DefaultPeerBurst,
 		AdmissionRate:       server.DefaultAdmissionRate,
 		AdmissionBurst:      server.DefaultAdmissionBurst,
+		// On: the SLI costs little (docs/benchmarks.md); off only to
+		// measure that cost.
+		ConvergenceTracking: true,
+		NodePortRange:       capture.DefaultNodePortRange.String(),
 
 		// See auth.DefaultRecheckInterval.
 		IdentityRecheckInterval: auth.DefaultRecheckInterval,
@@ -181,11 +199,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.IdentityRecheckInterval, "identity-recheck-interval", o.IdentityRecheckInterval, "Re-check each stream's token and rights this often (and at the token's expiry, and when an agent's Pod changes), ending streams whose identity no longer holds.")
 	fs.Float64Var(&o.AdmissionRate, "admission-rate", o.AdmissionRate, "Sync streams per second that start being served; more wait their turn (a reconnect storm is spread out, not refused).")
 	fs.IntVar(&o.AdmissionBurst, "admission-burst", o.AdmissionBurst, "Sync streams that may start at once.")
+	fs.BoolVar(&o.ConvergenceTracking, "convergence-tracking", o.ConvergenceTracking, "Measure how long each change takes to reach the agents (proxyplane_controlplane_convergence_seconds, the changes in ListNodes and controlplane status); false only to measure what that costs.")
 	fs.IntVar(&o.MaxAgents, "max-agents", o.MaxAgents, "Sync streams (agents) served at once; more are refused with ResourceExhausted.")
 	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "Sync and WatchTable streams served at once; health, reflection and unary calls have a small budget of their own.")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Connections open at once; more are closed as they are accepted.")
 	fs.Float64Var(&o.PeerRate, "peer-rate", o.PeerRate, "New connections and calls per second allowed from one address after --peer-burst (an IPv6 /64 gets 64 times both); 0 for no limit.")
 	fs.IntVar(&o.PeerBurst, "peer-burst", o.PeerBurst, "New connections and calls one peer address may open at once.")
+	fs.StringSliceVar(&o.AgentControlPlane, "agent-control-plane", o.AgentControlPlane, "The agents' --control-plane (CONTROL_PLANE_ADDRESSES), host:port each, names resolved at start: an external or load balancer IP equal to one of these, or to a replica address learned from the proxyplane-controlplane Service, is left out of every table (an InvalidValue event), since every agent would refuse the table.")
+	fs.StringVar(&o.NodePortRange, "service-node-port-range", o.NodePortRange, "The API server's --service-node-port-range, as the agents': an external or load balancer IP equal to a Node's address with a port outside it is left out of every table (an InvalidValue event), since that node's agent would refuse the table.")
+	fs.BoolVar(&o.NodeAddressServicePorts, "allow-node-address-service-ports", o.NodeAddressServicePorts, "Set when the agents run with --allow-node-address-service-ports: external and load balancer IPs equal to a Node's address then keep any port.")
 }
 
 // Complete applies --config, if given, under the flags set on the command
@@ -283,6 +305,12 @@ func (o *Options) applyFile(c *config.ControlPlaneConfiguration) {
 	set(&o.AgentDaemonSet, c.AgentDaemonSet)
 	set(&o.PeerRate, c.PeerRate)
 	set(&o.AdmissionRate, c.AdmissionRate)
+	if c.AgentControlPlane != nil {
+		o.AgentControlPlane = c.AgentControlPlane
+	}
+	set(&o.NodePortRange, c.ServiceNodePortRange)
+	set(&o.NodeAddressServicePorts, c.AllowNodeAddressServicePorts)
+	set(&o.ConvergenceTracking, c.ConvergenceTracking)
 }
 
 func set[T any](to *T, from *T) {
@@ -380,6 +408,14 @@ func (o *Options) validateSecurity() []error {
 	}
 	if o.PeerRate < 0 || o.PeerBurst < 1 {
 		errs = append(errs, errors.New("--peer-rate must not be negative and --peer-burst must be at least 1"))
+	}
+	for _, cp := range o.AgentControlPlane {
+		if _, _, err := net.SplitHostPort(cp); err != nil {
+			errs = append(errs, fmt.Errorf("--agent-control-plane %q: %w", cp, err))
+		}
+	}
+	if _, err := capture.ParsePortRange(o.NodePortRange); err != nil {
+		errs = append(errs, fmt.Errorf("--service-node-port-range: %w", err))
 	}
 	return errs
 }

@@ -42,6 +42,10 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative peer rate", []string{"--peer-rate=-1"}, "--peer-rate"},
 		{"no admission", []string{"--admission-rate=0"}, "--admission-rate"},
 		{"no admission burst", []string{"--admission-burst=0"}, "--admission-burst"},
+		{"agents' control plane addresses", []string{"--agent-control-plane=10.0.0.1:9640,cp.example.com:9640"}, ""},
+		{"none, as an empty CONTROL_PLANE_ADDRESSES gives", []string{"--agent-control-plane="}, ""},
+		{"agents' control plane address without port", []string{"--agent-control-plane=10.0.0.1"}, "--agent-control-plane"},
+		{"bad node port range", []string{"--service-node-port-range=30000-"}, "--service-node-port-range"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -150,7 +154,7 @@ func TestConfigFileCoversEveryFlag(t *testing.T) {
 		"tls-cert-file": "tls: {certFile: %s}", "tls-private-key-file": "tls: {privateKeyFile: %s}", "tls-san": "tls: {sans: %s}",
 	}
 	samples := map[string]string{
-		"string": `"from-file"`, "duration": "7s", "int": "7", "int32": "7", "uint32": "7", "float64": "7.5", "stringSlice": `["from.file"]`,
+		"string": `"from-file"`, "duration": "7s", "int": "7", "int32": "7", "uint32": "7", "float64": "7.5", "stringSlice": `["from.file"]`, "bool": "true",
 	}
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	NewOptions().AddFlags(fs)
@@ -162,6 +166,9 @@ func TestConfigFileCoversEveryFlag(t *testing.T) {
 		if !ok {
 			t.Errorf("--%s: no sample for flags of type %s", f.Name, f.Value.Type())
 			return
+		}
+		if f.Value.Type() == "bool" && f.DefValue == "true" {
+			sample = "false" // a value other than the default, to see it taken
 		}
 		field := nested[f.Name]
 		if field == "" {

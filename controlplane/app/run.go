@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,7 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/server"
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	"github.com/proxyplane/proxyplane/controlplane/watch"
+	"github.com/proxyplane/proxyplane/internal/capture"
 )
 
 // Client-side rate limit of the client that sends TokenReviews and
@@ -62,6 +64,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	// The Service the serving certificate names: its ready endpoints are
 	// the replicas' addresses, which every table carries to the agents.
 	watcher.SetControlPlaneService(o.Namespace, certs.ServiceName)
+	nodePorts, _ := capture.ParsePortRange(o.NodePortRange) // Validate parsed it
+	watcher.SetGuard(capture.Resolve(ctx, o.AgentControlPlane, log), nodePorts, o.NodeAddressServicePorts)
 
 	rcfg := rest.CopyConfig(cfg)
 	rcfg.QPS, rcfg.Burst = reviewQPS, reviewBurst
@@ -149,6 +153,14 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	return g.Wait()
 }
 
+// nodeAddressReporter guards the node addresses agents' hellos report
+// (server.Options.NodeAddresses).
+type nodeAddressReporter interface {
+	ReportNodeAddresses(ctx context.Context, node string, addrs []netip.Addr) error
+}
+
+var _ nodeAddressReporter = (*watch.Watcher)(nil)
+
 // NewGRPCServer builds the gRPC server: the TableService (its ListEvents
 // reports what events supplies), the standard health service (SERVING
 // once the first world is published and a certificate exists) and server
@@ -187,12 +199,19 @@ func NewGRPCServer(store *table.Store, events server.EventSource, o *Options, se
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	gs = grpc.NewServer(append(opts, secOpts...)...)
+	// The watcher, which supplies the events, also guards the node
+	// addresses agents report; tests' fixed event sources do not.
+	var nodeAddresses func(context.Context, string, []netip.Addr) error
+	if r, ok := events.(nodeAddressReporter); ok {
+		nodeAddresses = r.ReportNodeAddresses
+	}
 	srv := server.New(store, server.Options{
 		KeepaliveInterval: o.KeepaliveInterval, KeepaliveTimeout: o.KeepaliveTimeout,
 		WriteTimeout: o.WriteTimeout, AckTimeout: o.AckTimeout,
 		AdmissionRate: o.AdmissionRate, AdmissionBurst: o.AdmissionBurst,
 		Authorize: hooks.Authorize, AuthorizeRead: hooks.AuthorizeRead,
-		Events: events,
+		Events: events, DisableConvergence: !o.ConvergenceTracking,
+		NodeAddresses: nodeAddresses,
 		Stale: func() error {
 			if ready.Watches == nil {
 				return nil

@@ -46,8 +46,7 @@ const (
 type reviewGate struct {
 	clock     clock.Clock
 	strangers chan struct{}         // one per stranger's review in flight
-	failures  *limit.Buckets        // per address
-	netFails  *limit.Buckets        // per IPv6 /64
+	failures  *limit.SourceBuckets  // per address and per IPv6 /64
 	proven    *cache.LRUExpireCache // netip.Prefix -> struct{}
 	provenTTL time.Duration
 }
@@ -56,8 +55,7 @@ func newReviewGate(cfg Config, clk clock.Clock) *reviewGate {
 	return &reviewGate{
 		clock:     clk,
 		strangers: make(chan struct{}, cfg.MaxStrangerReviews),
-		failures:  limit.NewBuckets(cfg.FailureRate, cfg.FailureBurst, limit.DefaultMaxPeers),
-		netFails:  limit.NewBuckets(failureNetworkShare*cfg.FailureRate, failureNetworkShare*cfg.FailureBurst, limit.DefaultMaxPeers),
+		failures:  limit.NewSourceBuckets(cfg.FailureRate, cfg.FailureBurst, failureNetworkShare, limit.DefaultMaxPeers),
 		proven:    cache.NewLRUExpireCacheWithClock(cfg.CacheSize, clk),
 		provenTTL: DefaultProvenTTL,
 	}
@@ -78,19 +76,9 @@ func (g *reviewGate) enter(ctx context.Context, tokens *cache.LRUExpireCache, ke
 	if r, ok := tokens.Get(key); fresh || !src.IsValid() || ok && r.(*reviewResult).id != nil {
 		return ctx, func(*Identity, error) {}, nil
 	}
-	now := g.clock.Now()
-	refund, ok := g.failures.Take(src, now)
+	refund, limited, ok := g.failures.Take(src, g.clock.Now())
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: from %s", errTooManyFailures, src)
-	}
-	if net := limit.NetworkOf(src); net != src {
-		refundNet, ok := g.netFails.Take(net, now)
-		if !ok {
-			refund()
-			return nil, nil, fmt.Errorf("%w: from %s", errTooManyFailures, net)
-		}
-		refundAddr := refund
-		refund = func() { refundAddr(); refundNet() }
+		return nil, nil, fmt.Errorf("%w: from %s", errTooManyFailures, limited)
 	}
 	if _, known := g.proven.Get(src); !known {
 		ctx = context.WithValue(ctx, strangerKey{}, true)

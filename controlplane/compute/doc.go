@@ -17,4 +17,10 @@
 // Each distinct part is encoded and hashed once, on first use, and shared by
 // every node that sees it, so memory grows with services, endpoints and
 // nodes, not with their product.
+//
+// [Service.Explain] answers why a node's view holds what it holds: it runs
+// the functions that build the view with a trace recording each choice
+// (topology mode and rule, terminating fallback, each candidate endpoint's
+// verdict). The table path passes a nil trace, which records nothing, so
+// there is one implementation of the rules, explained or not.
 package compute

@@ -135,6 +135,22 @@ func (n *Node) WithCluster(c *ServiceCIDRs, a *ControlPlaneAddresses) *Node {
 // carries.
 func (n *Node) ControlPlaneAddresses() *ControlPlaneAddresses { return n.cp }
 
+// IPs returns the node's primary IPs as its NodeInfo carries them
+// (node_ips, at most one per family): those an agent without
+// --bind-address takes for the node's own. None for a nil node.
+func (n *Node) IPs() []netip.Addr {
+	if n == nil || n.info == nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, s := range n.info.GetNodeIps() {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}
+
 // encodeNode encodes info, without hash, service CIDRs or control plane
 // addresses, with c and a; the hash covers every other field, so a field
 // added to NodeInfo is hashed as soon as it is set

@@ -15,6 +15,7 @@ import (
 	netutils "k8s.io/utils/net"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/capture"
 )
 
 // LabelServiceProxyName marks a Service as handled by another proxy;
@@ -132,7 +133,7 @@ type portFamily struct {
 // wrapping ErrInvalidService; invalid elements of the slices are left out
 // silently (BuildReport reports them).
 func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, error) {
-	s, _, err := build(svc, slices)
+	s, _, err := build(svc, slices, nil)
 	if err != nil {
 		return nil, fmt.Errorf("%w %s: %w", ErrInvalidService, Key(svc.Namespace, svc.Name), err)
 	}
@@ -154,7 +155,14 @@ func Build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, 
 // slices. Problems come in a deterministic order: the Service's, by
 // field, then the slices', by slice name, then field.
 func BuildReport(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, []Problem) {
-	s, problems, err := build(svc, slices)
+	return BuildGuarded(svc, slices, nil)
+}
+
+// BuildGuarded is BuildReport that also leaves out, as ReasonInvalidValue
+// Problems, the external and load balancer IPs that would capture what g
+// guards: every agent would refuse a table holding one.
+func BuildGuarded(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, g *Guard) (*Service, []Problem) {
+	s, problems, err := build(svc, slices, g)
 	if err != nil {
 		return nil, []Problem{{
 			Kind: KindService, Namespace: svc.Namespace, Name: svc.Name,
@@ -166,8 +174,8 @@ func BuildReport(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Ser
 
 // build is Build and BuildReport; its error is frontend's, unwrapped, so
 // that each caller words it for its audience.
-func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice) (*Service, []Problem, error) {
-	base, dropped, err := frontend(svc)
+func build(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, g *Guard) (*Service, []Problem, error) {
+	base, dropped, err := frontend(svc, g)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -224,8 +232,9 @@ const ClosedSourceRange = "0.0.0.0/32"
 
 // frontend validates svc and renders everything but its endpoints. An
 // invalid field is an error; an invalid value that upstream drops alone is
-// left out and described in dropped, in field order.
-func frontend(svc *corev1.Service) (out *pb.Service, dropped []string, err error) {
+// left out and described in dropped, in field order, as is an external or
+// load balancer IP that would capture what g guards.
+func frontend(svc *corev1.Service, g *Guard) (out *pb.Service, dropped []string, err error) {
 	if !utf8.ValidString(svc.Namespace) || !utf8.ValidString(svc.Name) || svc.Namespace == "" || svc.Name == "" {
 		return nil, nil, errors.New("bad namespace or name")
 	}
@@ -263,10 +272,20 @@ func frontend(svc *corev1.Service) (out *pb.Service, dropped []string, err error
 	// External IPs, ingress IPs and source ranges are filtered value by
 	// value, as upstream's newBaseServiceInfo filters them.
 	drop := func(format string, args ...any) { dropped = append(dropped, fmt.Sprintf(format, args...)) }
+	var ports []int32 // for g; a bad port makes the Service invalid below
+	if g != nil && (len(svc.Spec.ExternalIPs) > 0 || len(svc.Status.LoadBalancer.Ingress) > 0) {
+		for _, p := range svc.Spec.Ports {
+			ports = append(ports, p.Port)
+		}
+	}
 	for i, s := range svc.Spec.ExternalIPs {
 		ip, ok := parseAddrSloppy(s)
 		if !ok {
 			drop("externalIPs[%d] %q is not an IP address: left out", i, s)
+			continue
+		}
+		if err := g.check(capture.ExternalIP, ip, ports); err != nil {
+			drop("externalIPs[%d] %q: %v: left out", i, s, err)
 			continue
 		}
 		out.ExternalIps = append(out.ExternalIps, ip.String())
@@ -280,6 +299,10 @@ func frontend(svc *corev1.Service) (out *pb.Service, dropped []string, err error
 		ip, ok := parseAddrSloppy(ing.IP)
 		if !ok {
 			drop("status.loadBalancer.ingress[%d].ip %q is not an IP address: left out", i, ing.IP)
+			continue
+		}
+		if err := g.check(capture.LoadBalancerIP, ip, ports); err != nil {
+			drop("status.loadBalancer.ingress[%d].ip %q: %v: left out", i, ing.IP, err)
 			continue
 		}
 		out.LoadBalancerIps = append(out.LoadBalancerIps, ip.String())

@@ -151,20 +151,26 @@ func (s *Service) EntryFor(n *Node) Entry {
 	if !s.Special(n.Name) {
 		return s.ZoneEntry(n.Zone)
 	}
-	c := class{}
+	c, local := s.classOf(n)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.entry(c, local)
+}
+
+// classOf returns the topology class of n and the node whose local part
+// n sees ("" for the empty part). For a node that is not Special it is
+// the class of ZoneEntry's view of n's zone.
+func (s *Service) classOf(n *Node) (c class, local string) {
 	if s.hintedNodes[n.Name] {
 		c.node = n.Name
 	}
 	if s.hintedZones[n.Zone] {
 		c.zone = n.Zone
 	}
-	local := ""
 	if s.localNodes[n.Name] {
 		local = n.Name
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.entry(c, local)
+	return c, local
 }
 
 // entry assembles the entry of a class and local node; s.mu must be held
@@ -172,13 +178,13 @@ func (s *Service) EntryFor(n *Node) Entry {
 func (s *Service) entry(c class, localNode string) Entry {
 	sh, ok := s.shared[c]
 	if !ok {
-		sh = newPart(s.sharedView(c))
+		sh = newPart(s.sharedView(c, nil))
 		s.shared[c] = sh
 	}
 	lo := emptyPart
 	if localNode != "" {
 		if lo, ok = s.local[localNode]; !ok {
-			lo = newPart(&pb.Service{LocalEndpoints: s.localEndpoints(localNode)})
+			lo = newPart(&pb.Service{LocalEndpoints: s.localEndpoints(localNode, nil)})
 			s.local[localNode] = lo
 		}
 	}
@@ -193,19 +199,24 @@ func newPart(m proto.Message) *Part {
 // sharedView is the Service with the Cluster-policy endpoints of class c,
 // chosen per IP family as upstream's CategorizeEndpoints does: ready
 // endpoints available for the node's topology, else serving-and-terminating
-// ones (topology is not applied to that fallback).
-func (s *Service) sharedView(c class) *pb.Service {
+// ones (topology is not applied to that fallback). tr, when not nil,
+// records each choice for Explain; the table passes nil.
+func (s *Service) sharedView(c class, tr *trace) *pb.Service {
 	out := proto.CloneOf(s.base)
 	for i := range s.ports {
 		p := &s.ports[i]
 		var eps []*pb.Endpoint
 		if p.usesCluster {
-			for _, f := range p.families {
-				mode := f.topologyMode(c)
+			for j := range p.families {
+				f := &p.families[j]
+				ct := tr.cluster(i, f)
+				mode := f.topologyMode(c, ct)
 				fam := f.filter(func(e *endpoint) bool { return e.ready && mode.allows(e, c) })
 				if len(fam) == 0 {
 					fam = f.filter((*endpoint).usableTerminating)
+					ct.fallback(len(fam) > 0)
 				}
+				ct.chose(fam)
 				eps = append(eps, fam...)
 			}
 			if len(eps) > 0 {
@@ -254,8 +265,8 @@ func (p *servicePort) servingBeyond(chosen []*pb.Endpoint) []*pb.Endpoint {
 
 // localEndpoints are node's endpoints for the Local policy, per IP family:
 // ready ones, else serving-and-terminating ones; topology never applies
-// here.
-func (s *Service) localEndpoints(node string) []*pb.PortEndpoints {
+// here. tr, when not nil, records each choice for Explain.
+func (s *Service) localEndpoints(node string, tr *trace) []*pb.PortEndpoints {
 	var out []*pb.PortEndpoints
 	for i := range s.ports {
 		p := &s.ports[i]
@@ -263,11 +274,15 @@ func (s *Service) localEndpoints(node string) []*pb.PortEndpoints {
 			continue
 		}
 		var eps []*pb.Endpoint
-		for _, f := range p.families {
+		for j := range p.families {
+			f := &p.families[j]
+			lt := tr.local(i, f, node)
 			fam := f.filter(func(e *endpoint) bool { return e.nodeName == node && e.ready })
 			if len(fam) == 0 {
 				fam = f.filter(func(e *endpoint) bool { return e.nodeName == node && e.usableTerminating() })
+				lt.fallback(len(fam) > 0)
 			}
+			lt.chose(fam)
 			eps = append(eps, fam...)
 		}
 		if len(eps) > 0 {
@@ -297,8 +312,9 @@ const (
 
 // topologyMode follows upstream's topologyModeFromHints: node hints win when
 // every ready endpoint has them and one names this node; else zone hints
-// under the same rule; else no topology.
-func (f *portFamily) topologyMode(c class) topologyMode {
+// under the same rule; else no topology. tr, when not nil, records the
+// mode.
+func (f *portFamily) topologyMode(c class, tr *choiceTrace) topologyMode {
 	hasFor := func(names func(*endpoint) []string, want string) bool {
 		for i := range f.endpoints {
 			if e := &f.endpoints[i]; e.ready && slices.Contains(names(e), want) {
@@ -309,10 +325,13 @@ func (f *portFamily) topologyMode(c class) topologyMode {
 	}
 	switch {
 	case f.allReadyHaveNodeHints && c.node != "" && hasFor(func(e *endpoint) []string { return e.nodeHints }, c.node):
+		tr.topology(topologySameNode)
 		return topologySameNode
 	case f.allReadyHaveZoneHints && c.zone != "" && hasFor(func(e *endpoint) []string { return e.zoneHints }, c.zone):
+		tr.topology(topologySameZone)
 		return topologySameZone
 	}
+	tr.topology(topologyNone)
 	return topologyNone
 }
 

@@ -23,32 +23,36 @@ var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha
 type ControlPlaneConfiguration struct {
 	metav1.TypeMeta `json:",inline"`
 
-	Kubeconfig              *string          `json:"kubeconfig,omitempty"`
-	GRPCAddress             *string          `json:"grpcAddress,omitempty"`
-	MetricsAddress          *string          `json:"metricsAddress,omitempty"`
-	ResyncPeriod            *metav1.Duration `json:"resyncPeriod,omitempty"`
-	MaxPendingChanges       *int32           `json:"maxPendingChanges,omitempty"`
-	MaxSendMessageBytes     *int32           `json:"maxSendMessageBytes,omitempty"`
-	MaxRecvMessageBytes     *int32           `json:"maxRecvMessageBytes,omitempty"`
-	MaxStreamsPerConnection *int32           `json:"maxStreamsPerConnection,omitempty"`
-	KeepaliveInterval       *metav1.Duration `json:"keepaliveInterval,omitempty"`
-	KeepaliveTimeout        *metav1.Duration `json:"keepaliveTimeout,omitempty"`
-	WriteTimeout            *metav1.Duration `json:"writeTimeout,omitempty"`
-	AckTimeout              *metav1.Duration `json:"ackTimeout,omitempty"`
-	Logging                 Logging          `json:"logging,omitempty"`
-	TLS                     TLS              `json:"tls,omitempty"`
-	Namespace               *string          `json:"namespace,omitempty"`
-	TokenAudience           *string          `json:"tokenAudience,omitempty"`
-	AgentServiceAccount     *string          `json:"agentServiceAccount,omitempty"`
-	AgentDaemonSet          *string          `json:"agentDaemonset,omitempty"`
-	IdentityRecheckInterval *metav1.Duration `json:"identityRecheckInterval,omitempty"`
-	MaxAgents               *int32           `json:"maxAgents,omitempty"`
-	MaxStreams              *int32           `json:"maxStreams,omitempty"`
-	MaxConnections          *int32           `json:"maxConnections,omitempty"`
-	PeerRate                *float64         `json:"peerRate,omitempty"`
-	PeerBurst               *int32           `json:"peerBurst,omitempty"`
-	AdmissionRate           *float64         `json:"admissionRate,omitempty"`
-	AdmissionBurst          *int32           `json:"admissionBurst,omitempty"`
+	Kubeconfig                   *string          `json:"kubeconfig,omitempty"`
+	GRPCAddress                  *string          `json:"grpcAddress,omitempty"`
+	MetricsAddress               *string          `json:"metricsAddress,omitempty"`
+	ResyncPeriod                 *metav1.Duration `json:"resyncPeriod,omitempty"`
+	MaxPendingChanges            *int32           `json:"maxPendingChanges,omitempty"`
+	MaxSendMessageBytes          *int32           `json:"maxSendMessageBytes,omitempty"`
+	MaxRecvMessageBytes          *int32           `json:"maxRecvMessageBytes,omitempty"`
+	MaxStreamsPerConnection      *int32           `json:"maxStreamsPerConnection,omitempty"`
+	KeepaliveInterval            *metav1.Duration `json:"keepaliveInterval,omitempty"`
+	KeepaliveTimeout             *metav1.Duration `json:"keepaliveTimeout,omitempty"`
+	WriteTimeout                 *metav1.Duration `json:"writeTimeout,omitempty"`
+	AckTimeout                   *metav1.Duration `json:"ackTimeout,omitempty"`
+	Logging                      Logging          `json:"logging,omitempty"`
+	TLS                          TLS              `json:"tls,omitempty"`
+	Namespace                    *string          `json:"namespace,omitempty"`
+	TokenAudience                *string          `json:"tokenAudience,omitempty"`
+	AgentServiceAccount          *string          `json:"agentServiceAccount,omitempty"`
+	AgentDaemonSet               *string          `json:"agentDaemonset,omitempty"`
+	IdentityRecheckInterval      *metav1.Duration `json:"identityRecheckInterval,omitempty"`
+	MaxAgents                    *int32           `json:"maxAgents,omitempty"`
+	MaxStreams                   *int32           `json:"maxStreams,omitempty"`
+	MaxConnections               *int32           `json:"maxConnections,omitempty"`
+	PeerRate                     *float64         `json:"peerRate,omitempty"`
+	PeerBurst                    *int32           `json:"peerBurst,omitempty"`
+	AdmissionRate                *float64         `json:"admissionRate,omitempty"`
+	AdmissionBurst               *int32           `json:"admissionBurst,omitempty"`
+	AgentControlPlane            []string         `json:"agentControlPlane,omitempty"`
+	ServiceNodePortRange         *string          `json:"serviceNodePortRange,omitempty"`
+	AllowNodeAddressServicePorts *bool            `json:"allowNodeAddressServicePorts,omitempty"`
+	ConvergenceTracking          *bool            `json:"convergenceTracking,omitempty"`
 }
 
 // Logging is --log-level, --v and --logging-format.
@@ -73,7 +77,7 @@ func (c *ControlPlaneConfiguration) DeepCopyObject() runtime.Object {
 	for _, p := range []**string{
 		&out.Kubeconfig, &out.GRPCAddress, &out.MetricsAddress, &out.Namespace, &out.TokenAudience,
 		&out.AgentServiceAccount, &out.Logging.Level, &out.Logging.Format, &out.TLS.CertFile, &out.TLS.PrivateKeyFile,
-		&out.AgentDaemonSet,
+		&out.AgentDaemonSet, &out.ServiceNodePortRange,
 	} {
 		*p = clone(*p)
 	}
@@ -91,6 +95,9 @@ func (c *ControlPlaneConfiguration) DeepCopyObject() runtime.Object {
 	}
 	out.PeerRate, out.AdmissionRate = clone(out.PeerRate), clone(out.AdmissionRate)
 	out.TLS.SANs = append([]string(nil), c.TLS.SANs...)
+	out.AgentControlPlane = append([]string(nil), c.AgentControlPlane...)
+	out.AllowNodeAddressServicePorts = clone(out.AllowNodeAddressServicePorts)
+	out.ConvergenceTracking = clone(out.ConvergenceTracking)
 	return &out
 }
 

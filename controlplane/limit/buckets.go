@@ -65,14 +65,6 @@ func (b *Buckets) take(src netip.Prefix, now time.Time) (*bucket, bool) {
 	return k, true
 }
 
-// Allow takes a token from src's bucket at now, if it has one.
-func (b *Buckets) Allow(src netip.Prefix, now time.Time) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	_, ok := b.take(src, now)
-	return ok
-}
-
 // Take takes a token from src's bucket at now, if it has one, and
 // returns a refund that gives it back (for an outcome that should not
 // count); calling refund is optional, and more than once gives back one.
@@ -91,4 +83,43 @@ func (b *Buckets) Take(src netip.Prefix, now time.Time) (refund func(), ok bool)
 			k.tokens = min(b.burst, k.tokens+1)
 		})
 	}, true
+}
+
+// SourceBuckets limits each source address and, as a whole, each IPv6
+// /64 (NetworkOf): whoever holds one address of a /64 usually holds all
+// of it and could take a fresh bucket per call, so the /64 has a bucket
+// too, share times an address's. Its methods are safe for concurrent
+// use.
+type SourceBuckets struct {
+	addrs, nets *Buckets
+}
+
+// NewSourceBuckets returns buckets of burst tokens refilled at perSecond
+// per address, share times both per /64, for at most max of each.
+func NewSourceBuckets(perSecond float64, burst, share, max int) *SourceBuckets {
+	return &SourceBuckets{
+		addrs: NewBuckets(perSecond, burst, max),
+		nets:  NewBuckets(float64(share)*perSecond, share*burst, max),
+	}
+}
+
+// Take takes a token from src's bucket and from its network's at now, if
+// both have one, and returns a refund that gives both back (see
+// Buckets.Take). When the network has none, src's token is given back
+// at once. limited names the bucket that had none: src or its network.
+func (s *SourceBuckets) Take(src netip.Prefix, now time.Time) (refund func(), limited netip.Prefix, ok bool) {
+	refundAddr, ok := s.addrs.Take(src, now)
+	if !ok {
+		return nil, src, false
+	}
+	net := NetworkOf(src)
+	if net == src {
+		return refundAddr, netip.Prefix{}, true
+	}
+	refundNet, ok := s.nets.Take(net, now)
+	if !ok {
+		refundAddr()
+		return nil, net, false
+	}
+	return func() { refundAddr(); refundNet() }, netip.Prefix{}, true
 }

@@ -104,8 +104,9 @@ type Config struct {
 	// IdleTimeout ends those calls after this long without a message
 	// from the client.
 	IdleTimeout time.Duration
-	// MaxConnections caps open connections.
-	MaxConnections int
+	// MaxConnections caps open connections; MaxConnectionsPerSource,
+	// when above 0, those of one source.
+	MaxConnections, MaxConnectionsPerSource int
 	// PeerRate is how many connections and calls per second one address
 	// may open, after a burst of PeerBurst; an IPv6 /64 may open
 	// NetworkShare times as many.
@@ -151,9 +152,9 @@ type Limiter struct {
 	cfg Config
 	log *slog.Logger
 	now func() time.Time
-	// peers and nets hold the per-address and per-/64 buckets; nil when
+	// peers holds the per-address and per-/64 buckets; nil when
 	// PeerRate is negative.
-	peers, nets *Buckets
+	peers *SourceBuckets
 
 	agents, streams, unverified, conns atomic.Int64
 	// nextWarn throttles warnings about caps reached (UnixNano).
@@ -161,16 +162,16 @@ type Limiter struct {
 
 	mu sync.Mutex
 	// bySource counts the unverified calls in flight of each source that
-	// has any; mu guards it.
-	bySource map[netip.Prefix]int
+	// has any, connsBySource the open connections of each source when
+	// MaxConnectionsPerSource is set; mu guards both.
+	bySource, connsBySource map[netip.Prefix]int
 }
 
 // New returns a Limiter enforcing cfg.
 func New(cfg Config, log *slog.Logger) *Limiter {
-	l := &Limiter{cfg: cfg.withDefaults(), log: log, now: time.Now, bySource: map[netip.Prefix]int{}}
+	l := &Limiter{cfg: cfg.withDefaults(), log: log, now: time.Now, bySource: map[netip.Prefix]int{}, connsBySource: map[netip.Prefix]int{}}
 	if l.cfg.PeerRate >= 0 {
-		l.peers = NewBuckets(l.cfg.PeerRate, l.cfg.PeerBurst, l.cfg.MaxPeers)
-		l.nets = NewBuckets(NetworkShare*l.cfg.PeerRate, NetworkShare*l.cfg.PeerBurst, l.cfg.MaxPeers)
+		l.peers = NewSourceBuckets(l.cfg.PeerRate, l.cfg.PeerBurst, NetworkShare, l.cfg.MaxPeers)
 	}
 	return l
 }
@@ -180,12 +181,8 @@ func (l *Limiter) allowPeer(src netip.Prefix) bool {
 	if l.peers == nil {
 		return true
 	}
-	now := l.now()
-	if !l.peers.Allow(src, now) {
-		return false
-	}
-	net := NetworkOf(src)
-	return net == src || l.nets.Allow(net, now)
+	_, _, ok := l.peers.Take(src, l.now())
+	return ok
 }
 
 // acquire counts one more in n unless that exceeds limit.
@@ -327,9 +324,9 @@ func (l *Limiter) AgentInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
-// Listener wraps ln: a connection past MaxConnections, or from a source
-// over its rate, is closed as soon as it is accepted, before its TLS
-// handshake costs anything.
+// Listener wraps ln: a connection past MaxConnections or
+// MaxConnectionsPerSource, or from a source over its rate, is closed as
+// soon as it is accepted, before its TLS handshake costs anything.
 func (l *Limiter) Listener(ln net.Listener) net.Listener { return &listener{Listener: ln, l: l} }
 
 type listener struct {
@@ -343,7 +340,8 @@ func (ln *listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !ln.l.allowPeer(addrSource(c.RemoteAddr())) {
+		src := addrSource(c.RemoteAddr())
+		if !ln.l.allowPeer(src) {
 			_ = c.Close()
 			continue
 		}
@@ -352,20 +350,54 @@ func (ln *listener) Accept() (net.Conn, error) {
 			_ = c.Close()
 			continue
 		}
-		return &conn{Conn: c, n: &ln.l.conns}, nil
+		if !ln.l.acquireConn(src) {
+			ln.l.conns.Add(-1)
+			_ = c.Close()
+			continue
+		}
+		return &conn{Conn: c, l: ln.l, src: src}, nil
 	}
 }
 
-// conn gives its slot back once, however often it is closed.
+// acquireConn counts one more open connection of src, unless src has
+// MaxConnectionsPerSource open (when set).
+func (l *Limiter) acquireConn(src netip.Prefix) bool {
+	if l.cfg.MaxConnectionsPerSource <= 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.connsBySource[src] >= l.cfg.MaxConnectionsPerSource {
+		return false
+	}
+	l.connsBySource[src]++
+	return true
+}
+
+// releaseConn gives back a connection's slots.
+func (l *Limiter) releaseConn(src netip.Prefix) {
+	l.conns.Add(-1)
+	if l.cfg.MaxConnectionsPerSource <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.connsBySource[src]--; l.connsBySource[src] <= 0 {
+		delete(l.connsBySource, src)
+	}
+}
+
+// conn gives its slots back once, however often it is closed.
 type conn struct {
 	net.Conn
-	n      *atomic.Int64
+	l      *Limiter
+	src    netip.Prefix
 	closed atomic.Bool
 }
 
 func (c *conn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
-		c.n.Add(-1)
+		c.l.releaseConn(c.src)
 	}
 	return c.Conn.Close()
 }

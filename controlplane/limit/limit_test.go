@@ -88,8 +88,8 @@ func TestPeerRate(t *testing.T) {
 			if l.peers == nil {
 				return
 			}
-			if n := l.peers.lru.Len(); n > l.cfg.MaxPeers || n != len(l.peers.m) {
-				t.Errorf("%d buckets in the list and %d in the map, want equal and at most %d", n, len(l.peers.m), l.cfg.MaxPeers)
+			if n := l.peers.addrs.lru.Len(); n > l.cfg.MaxPeers || n != len(l.peers.addrs.m) {
+				t.Errorf("%d buckets in the list and %d in the map, want equal and at most %d", n, len(l.peers.addrs.m), l.cfg.MaxPeers)
 			}
 		})
 	}
@@ -459,6 +459,43 @@ func TestBucketsRefund(t *testing.T) {
 		if _, got := b.Take(src, now); got != want {
 			t.Errorf("take %d after the refund: %t, want %t", i, got, want)
 		}
+	}
+}
+
+// TestSourceBuckets: an IPv6 /64 as a whole gets share times an
+// address's allowance; a take its network refuses costs the address
+// nothing; a refund gives both back. IPv4 addresses have no network
+// bucket.
+func TestSourceBuckets(t *testing.T) {
+	now := time.Now()
+	b := NewSourceBuckets(0.001, 1, 2, 10)
+	a, c, d := SourceOf(netip.MustParseAddr("fd00::1")), SourceOf(netip.MustParseAddr("fd00::2")), SourceOf(netip.MustParseAddr("fd00::3"))
+	refundA, _, ok := b.Take(a, now)
+	if !ok {
+		t.Fatal("first address refused")
+	}
+	if _, _, ok := b.Take(c, now); !ok {
+		t.Fatal("second address refused")
+	}
+	for range 2 {
+		if _, limited, ok := b.Take(d, now); ok || limited != NetworkOf(d) {
+			t.Errorf("third address: %t, limited %s; want refused by its /64", ok, limited)
+		}
+	}
+	if _, limited, ok := b.Take(a, now); ok || limited != a {
+		t.Errorf("first address again: %t, limited %s; want refused by its own bucket", ok, limited)
+	}
+	refundA()
+	// The network's token back, and d's own never spent.
+	if _, _, ok := b.Take(d, now); !ok {
+		t.Error("third address refused after a refund")
+	}
+	v4 := SourceOf(netip.MustParseAddr("10.0.0.1"))
+	if _, _, ok := b.Take(v4, now); !ok {
+		t.Fatal("IPv4 address refused")
+	}
+	if _, limited, ok := b.Take(v4, now); ok || limited != v4 {
+		t.Errorf("IPv4 address again: %t, limited %s; want refused by its own bucket", ok, limited)
 	}
 }
 

@@ -72,6 +72,46 @@ var (
 		Namespace: namespace, Name: "events_dropped_total",
 		Help: "Events about invalid objects dropped because the list was full.",
 	})
+	// ConvergenceSeconds is the convergence SLI (docs/metrics.md): for
+	// each change to the Services, the time from its start until the
+	// share quantile_reached of the agents connected to this replica that
+	// must receive it had acknowledged a table containing it.
+	ConvergenceSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Name: "convergence_seconds",
+		Help:    "Per change to the Services: seconds from its trigger time (or publication) until the share quantile_reached (0.5, 0.9, 0.99, 1) of this replica's agents whose table it alters had acknowledged it.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
+	}, []string{"quantile_reached"})
+	// ConvergenceIncompleteTotal counts changes evicted from the bounded
+	// bookkeeping before reaching a share: missing observations of
+	// ConvergenceSeconds, each slower than any it holds.
+	ConvergenceIncompleteTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace, Name: "convergence_incomplete_total",
+		Help: "Changes dropped from the convergence bookkeeping (the latest 64 are kept) before the share quantile_reached of their agents had acknowledged them.",
+	}, []string{"quantile_reached"})
+	// ConvergenceOpen is the number of kept changes that some agent that
+	// must receive them has not acknowledged.
+	ConvergenceOpen = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "convergence_open_changes",
+		Help: "Changes that some agent connected to this replica, whose table they alter, has not yet acknowledged.",
+	})
+	// DriftRepairsTotal counts the drift repairs agents reported: rules
+	// someone else changed on a node that its agent put back.
+	DriftRepairsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "drift_repairs_total",
+		Help: "Drift repairs reported by agents on this replica: rules changed behind an agent's back that it put back. ListNodes names the nodes.",
+	})
+	// DriftReportsTrimmedTotal counts the drift reports beyond the bounds
+	// that the control plane trimmed instead of refusing.
+	DriftReportsTrimmedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "drift_reports_trimmed_total",
+		Help: "Drift reports from agents that exceeded the bounds (8 repairs, 256-byte details) and were trimmed.",
+	})
+	// ConvergenceLeftTotal counts, over the changes, the agents that left
+	// this replica before converging to one: they stop counting in it.
+	ConvergenceLeftTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: namespace, Name: "convergence_left_total",
+		Help: "Agents that disconnected from this replica, or moved to another, before acknowledging a change that altered their table; summed over changes. They no longer count in its convergence.",
+	})
 	// Services is the number of proxied Services in the current world.
 	Services = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: namespace, Name: "services",
@@ -99,7 +139,8 @@ var (
 func Register(r prometheus.Registerer) {
 	r.MustRegister(NodesConnected, VersionsPendingAck, NacksTotal, ResponsesTotal, SentBytesTotal,
 		LagResetsTotal, StreamsClosedTotal, ComputeDurationSeconds, ComputeErrorsTotal, Services,
-		InvalidObjects, EventsDroppedTotal)
+		InvalidObjects, EventsDroppedTotal, ConvergenceSeconds, ConvergenceIncompleteTotal, ConvergenceOpen,
+		DriftRepairsTotal, DriftReportsTrimmedTotal, ConvergenceLeftTotal)
 	r.MustRegister(GRPCServer)
 	r.MustRegister(RESTClientRequestDuration, RESTClientRateLimiterDuration, RESTClientRequestsTotal,
 		RESTClientRequestRetriesTotal, RESTClientResponseSize)

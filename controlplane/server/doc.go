@@ -1,6 +1,6 @@
 // Package server serves node tables over gRPC: the agents' Sync streams,
-// the read-only WatchTable debug stream and the ListNodes and ListEvents
-// status RPCs.
+// the read-only WatchTable debug stream, the ListNodes and ListEvents
+// status RPCs and Explain.
 //
 // Each Sync stream is owned by one goroutine, which holds the agent's
 // table.Cursor and is the only one to send on the stream. A receive

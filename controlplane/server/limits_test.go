@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	protoiface "google.golang.org/protobuf/proto"
 
+	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/limit"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
@@ -139,6 +140,72 @@ func TestOversizedRequestsRefusedUndecoded(t *testing.T) {
 	sc.oversized.Range(func(k, _ any) bool {
 		t.Errorf("a refused %T is still marked", k)
 		return true
+	})
+}
+
+// TestMaxAgentsKeepsConnectedAgents runs the server as the control plane
+// does, behind the limiter's tap and interceptors, with --max-agents 2:
+// a third agent is refused with ResourceExhausted (and goes to another
+// replica), while the two connected keep their streams and their
+// changes; once one leaves, an agent is admitted again.
+func TestMaxAgentsKeepsConnectedAgents(t *testing.T) {
+	store := cluster(t)
+	l := limit.New(limit.Config{MaxAgents: 2, PeerRate: -1}, slog.New(slog.DiscardHandler))
+	lis := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer(append(GRPCOptions(), grpc.InTapHandle(l.Tap), grpc.ChainStreamInterceptor(l.StreamInterceptor(), l.AgentInterceptor()))...)
+	New(store, Options{}, slog.New(slog.DiscardHandler)).Register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient("passthrough:///bufconn",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	client := pb.NewTableServiceClient(conn)
+
+	var agents []*agent
+	for _, node := range []string{"node-1", "node-2"} {
+		a := connect(t, client, &pb.Hello{NodeName: node})
+		a.ack(a.recv())
+		agents = append(agents, a)
+	}
+	// A refused stream's status is read from Recv: Send may see only
+	// io.EOF once the server has ended the stream.
+	tryAgent := func(node string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		defer cancel()
+		stream, err := client.Sync(ctx)
+		if err != nil {
+			return err
+		}
+		_ = stream.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: &pb.Hello{NodeName: node}}})
+		_, err = stream.Recv()
+		return err
+	}
+	if err := tryAgent("node-3"); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a third agent: %v, want ResourceExhausted", err)
+	}
+
+	// The two served keep their streams: a change reaches both.
+	publish(t, store, map[string]*compute.Service{"c": service(t, "c", 1, 1)})
+	for _, a := range agents {
+		r := a.recv()
+		if r.GetDelta() == nil {
+			t.Fatalf("%s: %v, want a delta", a.node, r)
+		}
+		a.ack(r)
+		eventually(t, a.node+" connected with the change acknowledged", func() bool {
+			st := nodeStatus(t, client, a.node)
+			return st.GetConnected() && st.GetAckedVersion() == a.version
+		})
+	}
+
+	// One leaves: its slot is free again.
+	agents[0].close()
+	eventually(t, "a third agent admitted", func() bool {
+		return status.Code(tryAgent("node-3")) != codes.ResourceExhausted
 	})
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/netip"
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -47,6 +48,17 @@ type Options struct {
 	// every agent after a restart is spread out instead of stampeding.
 	AdmissionRate  float64
 	AdmissionBurst int
+	// DisableConvergence turns off the convergence SLI's bookkeeping
+	// (convergence.go): no histograms, no changes in ListNodes. It exists
+	// to measure what the bookkeeping costs.
+	DisableConvergence bool
+	// NodeAddresses, when set, is told the node's own addresses that an
+	// authorized agent's hello reports (Hello.node_addresses, validated),
+	// before the stream takes its first table: the agent refuses a table
+	// capturing one of them, so the tables sent from then on must guard
+	// them (watch.Watcher.ReportNodeAddresses). It returns once they do,
+	// or with ctx's error.
+	NodeAddresses func(ctx context.Context, node string, addrs []netip.Addr) error
 }
 
 // EventSource supplies the events about invalid Services and

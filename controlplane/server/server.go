@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -37,7 +38,11 @@ type Server struct {
 	opts  Options
 	log   *slog.Logger
 	reg   *registry
+	conv  *tracker      // the convergence SLI's bookkeeping; nil when disabled
 	admit *rate.Limiter // paces the start of Sync streams
+	// driftLog paces the warnings of drift repairs: every agent may
+	// report one at once (a CNI rolled out on every node).
+	driftLog *rate.Limiter
 	// helloSlots bounds the Sync streams between admission and their
 	// cursor: those that hold a hello.
 	helloSlots chan struct{}
@@ -51,11 +56,16 @@ func New(store *table.Store, opts Options, log *slog.Logger) *Server {
 	s := &Server{store: store, opts: opts.withDefaults(), log: log}
 	s.admit = rate.NewLimiter(rate.Limit(s.opts.AdmissionRate), s.opts.AdmissionBurst)
 	s.helloSlots = make(chan struct{}, maxHellos)
+	s.driftLog = rate.NewLimiter(rate.Every(time.Second), 10)
 	s.reg = newRegistry(func(node string) bool {
 		w := store.Current()
 		return w != nil && w.Known(node)
 	})
 	s.stopping, s.shutdown = context.WithCancelCause(context.Background())
+	if !s.opts.DisableConvergence {
+		s.conv = newTracker(store, s.reg)
+		go s.conv.run(s.stopping)
+	}
 	return s
 }
 
@@ -119,7 +129,19 @@ func (s *Server) ListNodes(ctx context.Context, _ *pb.ListNodesRequest) (*pb.Lis
 	if err != nil {
 		return nil, err
 	}
-	return &pb.ListNodesResponse{Nodes: s.reg.list(w)}, nil
+	nodes := s.reg.list(w)
+	var conv []*pb.Convergence
+	if s.conv != nil {
+		if conv, err = s.conv.list(ctx); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+	}
+	for _, c := range conv {
+		for _, p := range c.GetPending() {
+			p.Reason = s.reg.pendingReason(p.GetNodeName())
+		}
+	}
+	return &pb.ListNodesResponse{Nodes: nodes, Convergence: conv}, nil
 }
 
 // ListEvents implements TableService. Like ListNodes it waits for the
@@ -246,7 +268,33 @@ func validHello(h *pb.Hello) error {
 			return fmt.Errorf("%w: capabilities.%s is %d bytes, more than %d", errInvalid, f.name, len(f.value), maxCapabilityLen)
 		}
 	}
-	return nil
+	_, err := helloNodeAddresses(h)
+	return err
+}
+
+// MaxNodeAddresses bounds Hello.node_addresses: a node has a few
+// addresses (its links, a bridge or two), and every replica keeps each
+// node's in memory.
+const MaxNodeAddresses = 64
+
+// helloNodeAddresses returns the node addresses h reports, or why they are
+// invalid: more than MaxNodeAddresses, or one that is not a canonical
+// global unicast address without a zone (those the agent reports; any
+// other is no Service's external or load balancer IP anyway).
+func helloNodeAddresses(h *pb.Hello) ([]netip.Addr, error) {
+	raw := h.GetNodeAddresses()
+	if len(raw) > MaxNodeAddresses {
+		return nil, fmt.Errorf("%w: hello lists %d node addresses, more than %d", errInvalid, len(raw), MaxNodeAddresses)
+	}
+	out := make([]netip.Addr, 0, len(raw))
+	for i, s := range raw {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.String() != s || a.Zone() != "" || a.Is4In6() || !a.IsGlobalUnicast() {
+			return nil, fmt.Errorf("%w: hello node_addresses[%d] %.64q: not a canonical global unicast address", errInvalid, i, s)
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 func validNodeName(name string) error {

@@ -47,7 +47,11 @@ type syncResult struct {
 	sentNonce                                uint64
 	ackedAt                                  time.Time
 	nackError                                string
+	nackedAt                                 time.Time
 	bytesSent                                uint64
+	// drift is what the agent last reported of its drift repairs; the
+	// slice and its messages are never modified once stored.
+	drift []*pb.DriftRepair
 	// behindSince is when the stream first had a table to send that the
 	// agent has not acknowledged since; zero while it is current.
 	behindSince time.Time
@@ -89,8 +93,9 @@ func (r *registry) attach(node, peer string, caps *pb.Capabilities, cancel conte
 		metrics.NodesConnected.Inc()
 	}
 	s := &streamStatus{r: r, node: node, cancel: cancel, caps: caps, peer: peer, connectedAt: time.Now()}
-	// The last NACK stays visible across reconnects.
-	s.res.nackedVersion, s.res.nacked, s.res.nackError = e.last.nackedVersion, e.last.nacked, e.last.nackError
+	// The last NACK and the drift reported stay visible across reconnects.
+	s.res.nackedVersion, s.res.nacked, s.res.nackError, s.res.nackedAt = e.last.nackedVersion, e.last.nacked, e.last.nackError, e.last.nackedAt
+	s.res.drift = e.last.drift
 	e.stream = s
 	return s
 }
@@ -123,9 +128,48 @@ func (s *streamStatus) nacked(version uint64, detail string) {
 	if len(detail) > maxNackError {
 		detail = strings.ToValidUTF8(detail[:maxNackError], "") + "…"
 	}
+	now := time.Now()
 	s.mu.Lock()
-	s.res.nackedVersion, s.res.nacked, s.res.nackError = version, true, detail
+	s.res.nackedVersion, s.res.nacked, s.res.nackError, s.res.nackedAt = version, true, detail, now
 	s.mu.Unlock()
+}
+
+// drifted records the agent's drift report, and returns how many repairs
+// it adds to what this replica knew of the node. Counts are the agent's
+// since it started, so a report is compared with the node's last one on
+// this replica, stream or not:
+//   - the same agent (FirstRepairedAt unchanged): the rise in its count;
+//   - a restarted agent (FirstRepairedAt changed): its whole count;
+//   - a node this replica has no report of (it restarted, or the agent
+//     served another replica until now): only what provably happened
+//     since this stream connected; the rest may be counted elsewhere, and
+//     counting it again would make every rollout look like an attack.
+func (s *streamStatus) drifted(repairs []*pb.DriftRepair) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var added uint64
+	for _, r := range repairs {
+		var before *pb.DriftRepair
+		for _, o := range s.res.drift {
+			if o.GetDataplane() == r.GetDataplane() && o.GetIpFamily() == r.GetIpFamily() {
+				before = o
+			}
+		}
+		switch {
+		case before == nil:
+			if r.GetFirstRepairedAt().AsTime().After(s.connectedAt) {
+				added += r.GetCount()
+			} else if r.GetCount() > 0 && r.GetLastRepairedAt().AsTime().After(s.connectedAt) {
+				added++ // the last one, at least
+			}
+		case !r.GetFirstRepairedAt().AsTime().Equal(before.GetFirstRepairedAt().AsTime()):
+			added += r.GetCount()
+		case r.GetCount() > before.GetCount():
+			added += r.GetCount() - before.GetCount()
+		}
+	}
+	s.res.drift = repairs
+	return added
 }
 
 func (s *streamStatus) result() syncResult {
@@ -134,25 +178,60 @@ func (s *streamStatus) result() syncResult {
 	return s.res
 }
 
-// detach marks the node disconnected if s still serves it. What the agent
-// sent (capabilities, peer) is dropped; a node without a Node object is
-// forgotten altogether, so names invented in hellos leave nothing behind.
-func (s *streamStatus) detach() {
+// detach marks the node disconnected if s still serves it, and reports
+// whether it did. What the agent sent (capabilities, peer) is dropped; a
+// node without a Node object is forgotten altogether, so names invented
+// in hellos leave nothing behind.
+func (s *streamStatus) detach() bool {
 	s.r.mu.Lock()
 	defer s.r.mu.Unlock()
 	e := s.r.nodes[s.node]
 	if e == nil || e.stream != s {
-		return
+		return false
 	}
 	metrics.NodesConnected.Dec()
 	e.stream = nil
 	if !s.r.known(s.node) {
 		delete(s.r.nodes, s.node)
-		return
+		return true
 	}
 	e.last = s.result()
 	// Both describe the current stream only.
 	e.last.bytesSent, e.last.behindSince = 0, time.Time{}
+	return true
+}
+
+// connected returns the names of the nodes connected to this replica.
+func (r *registry) connected() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.nodes))
+	for name, e := range r.nodes {
+		if e.stream != nil {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// pendingReason says why node has not converged to a change: its agent
+// left this replica ("disconnected"), rejected its latest table since it
+// last acknowledged one ("nacked"), or has yet to answer ("pending").
+func (r *registry) pendingReason(node string) string {
+	r.mu.Lock()
+	var s *streamStatus
+	if e := r.nodes[node]; e != nil {
+		s = e.stream
+	}
+	r.mu.Unlock()
+	if s == nil {
+		return "disconnected"
+	}
+	res := s.result()
+	if res.nacked && !res.nackedAt.Before(res.ackedAt) {
+		return "nacked"
+	}
+	return "pending"
 }
 
 // list returns the status of every node known in w and every connected
@@ -216,6 +295,7 @@ func (res syncResult) fill(st *pb.NodeStatus, now time.Time) {
 		st.NackedVersion, st.NackError = compute.FormatVersion(res.nackedVersion), res.nackError
 	}
 	st.BytesSent = res.bytesSent
+	st.Drift = res.drift
 	if !res.behindSince.IsZero() {
 		st.Lag = durationpb.New(now.Sub(res.behindSince))
 	}

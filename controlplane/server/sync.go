@@ -75,6 +75,14 @@ func (s *Server) Sync(stream syncStream) (err error) {
 			return status.Errorf(codes.PermissionDenied, "node %q: %v", node, err)
 		}
 	}
+	// The node's own addresses are guarded before its first table is
+	// taken: that table would otherwise capture one and be refused.
+	if s.opts.NodeAddresses != nil {
+		addrs, _ := helloNodeAddresses(hello) // validHello checked them
+		if err := s.opts.NodeAddresses(ctx, node, addrs); err != nil {
+			return toStatus(err)
+		}
+	}
 	sub := s.store.Subscribe()
 	w, _ := sub.Take()
 	held := table.Held{Version: hello.GetVersion(), Entries: hello.GetEntryHashes(), NodeHash: hello.GetNodeHash()}
@@ -84,6 +92,9 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	cur, err := table.NewCursor(node, w, held, hello.GetCapabilities().GetDeltas(), s.store.MaxPending())
 	if err != nil {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
+	}
+	if hello.GetCapabilities().GetZstdEntries() {
+		cur.CompressSnapshots()
 	}
 	// An agent holding a table this replica cannot place may hold one
 	// newer than the replica's world: another replica's, made from events
@@ -109,7 +120,13 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	}
 
 	st := s.reg.attach(node, peerAddr(ctx), hello.GetCapabilities(), cancel)
-	defer st.detach()
+	defer func() {
+		if st.detach() && s.conv != nil {
+			// Its open changes stop waiting for it: another replica
+			// serves it now, or none does.
+			s.conv.leave(node)
+		}
+	}()
 	if v, ok := cur.AckedVersion(); ok {
 		st.acked(v)
 	}
@@ -188,6 +205,8 @@ type syncSession struct {
 	inflightLen int         // its encoded size
 	ackTimer    *time.Timer // runs while a response is in flight
 	behind      bool        // as last recorded in st
+	held        uint64      // the cursor's HeldRevision as last reported to the tracker
+	trimLogged  bool        // a trimmed drift report was logged
 }
 
 // quotaSafe is the largest table after which a keepalive is still
@@ -225,6 +244,7 @@ func (ss *syncSession) sendNext() error {
 	// the send, so that ListNodes shows the lag once the agent can hold
 	// the table.
 	ss.noteBehind()
+	ss.reportHeld()
 	if r == nil {
 		return nil
 	}
@@ -264,6 +284,16 @@ func (ss *syncSession) noteBehind() {
 	}
 }
 
+// reportHeld tells the convergence tracker when the agent is known to
+// hold a later world: once per world at most. It never waits for the
+// tracker, so a tracker that lags never delays a table.
+func (ss *syncSession) reportHeld() {
+	if rev := ss.cur.HeldRevision(); rev > ss.held && ss.conv != nil {
+		ss.held = rev
+		ss.conv.report(ss.st.node, rev)
+	}
+}
+
 func (ss *syncSession) ackDeadline() <-chan time.Time {
 	if !ss.awaiting {
 		return nil
@@ -273,6 +303,9 @@ func (ss *syncSession) ackDeadline() <-chan time.Time {
 
 // handle processes one message from the agent.
 func (ss *syncSession) handle(m *pb.SyncRequest) error {
+	if d := m.GetDrift(); d != nil {
+		ss.noteDrift(d)
+	}
 	switch k := m.GetKind().(type) {
 	case *pb.SyncRequest_Keepalive:
 		return nil
@@ -282,6 +315,7 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 			return err
 		}
 		ss.st.acked(v)
+		ss.reportHeld()
 		return nil
 	case *pb.SyncRequest_Nack:
 		version := k.Nack.GetVersion()
@@ -328,6 +362,63 @@ func (ss *syncSession) settle(version, nonce string, record func(uint64) error) 
 	ss.ackTimer.Stop()
 	metrics.VersionsPendingAck.Dec()
 	return v, nil
+}
+
+// Bounds on a drift report: the registry keeps the last one per node.
+const (
+	maxDriftRepairs = 8
+	maxDriftDetail  = 256
+	// maxDriftAdded bounds the repairs one report adds to
+	// drift_repairs_total: an agent reports each repair as it makes it,
+	// and a report that claims many at once (an agent back from a long
+	// absence, or one that served another replica meanwhile) must not
+	// make the rate spike.
+	maxDriftAdded = 16
+)
+
+// noteDrift records the agent's drift report in its node's status and
+// counts the new repairs. A report beyond the bounds is trimmed, never
+// refused: the agent sends it again on every stream, and refusing it
+// would end each one before any table. An agent reports one repair per
+// dataplane and family, which fits.
+func (ss *syncSession) noteDrift(d *pb.DriftReport) {
+	repairs, trimmed := boundDrift(d.GetRepairs())
+	if trimmed {
+		metrics.DriftReportsTrimmedTotal.Inc()
+		if !ss.trimLogged {
+			ss.trimLogged = true
+			ss.log.Warn("agent's drift report exceeds the bounds: trimmed", "node", ss.st.node,
+				"repairs", len(d.GetRepairs()), "maxRepairs", maxDriftRepairs, "maxDetail", maxDriftDetail)
+		}
+	}
+	added := min(ss.st.drifted(repairs), maxDriftAdded)
+	if added == 0 {
+		return
+	}
+	metrics.DriftRepairsTotal.Add(float64(added))
+	if ss.driftLog.Allow() {
+		ss.log.Warn("agent repaired rules changed behind its back", "node", ss.st.node, "repairs", added)
+	}
+}
+
+// boundDrift returns repairs within the bounds, and whether it had to
+// trim them: at most maxDriftRepairs repairs, those with a dataplane or
+// family name too long to be one dropped, details cut.
+func boundDrift(repairs []*pb.DriftRepair) ([]*pb.DriftRepair, bool) {
+	trimmed := false
+	out := make([]*pb.DriftRepair, 0, min(len(repairs), maxDriftRepairs))
+	for _, r := range repairs {
+		if len(out) == maxDriftRepairs || len(r.GetDataplane()) > maxCapabilityLen || len(r.GetIpFamily()) > maxCapabilityLen {
+			trimmed = true
+			continue
+		}
+		if len(r.GetDetail()) > maxDriftDetail {
+			trimmed = true
+			r.Detail = strings.ToValidUTF8(r.GetDetail()[:maxDriftDetail-len("…")], "") + "…"
+		}
+		out = append(out, r)
+	}
+	return out, trimmed
 }
 
 func nackDetail(n *pb.Nack) string {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/proxyplane/proxyplane/controlplane/adminclient"
 	"github.com/proxyplane/proxyplane/internal/cli"
 )
 
@@ -37,11 +38,12 @@ func run(ctx context.Context, o *Options, stdout, stderr io.Writer) error {
 		return err
 	}
 	rep := Merge(replies)
+	rep.Changes = rep.Changes[:min(len(rep.Changes), o.Changes)]
 	for _, r := range rep.Replicas {
 		if r.Error != "" {
 			// The error carries the replica's own status message:
 			// made terminal-safe as the table's cells are.
-			_, _ = fmt.Fprintf(stderr, "controlplane status: replica %s did not answer: %s\n", cell(r.Address), cell(r.Error))
+			_, _ = fmt.Fprintf(stderr, "controlplane status: replica %s did not answer: %s\n", adminclient.Cell(r.Address), adminclient.Cell(r.Error))
 		}
 	}
 	if rep.Answered() == 0 {
@@ -50,7 +52,7 @@ func run(ctx context.Context, o *Options, stdout, stderr io.Writer) error {
 	if rep.Answered() < len(rep.Replicas) {
 		_, _ = fmt.Fprintln(stderr, "controlplane status: nodes shown not connected may be connected to a replica that did not answer")
 	}
-	if o.Output == OutputJSON {
+	if o.Output == adminclient.OutputJSON {
 		return WriteJSON(stdout, rep)
 	}
 	return WriteTable(stdout, rep)

@@ -23,6 +23,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/proxyplane/proxyplane/controlplane/adminclient"
 	"github.com/proxyplane/proxyplane/controlplane/certs"
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/server"
@@ -185,7 +186,7 @@ func connectAgent(t *testing.T, conn *grpc.ClientConn, node string, ack bool) {
 	}
 	deadline := time.Now().Add(waitFor)
 	for {
-		list, err := pb.NewTableServiceClient(conn).ListNodes(ctx, &pb.ListNodesRequest{}, grpc.PerRPCCredentials(bearer(testToken)))
+		list, err := pb.NewTableServiceClient(conn).ListNodes(ctx, &pb.ListNodesRequest{}, grpc.PerRPCCredentials(adminclient.Bearer(testToken)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,9 @@ type Report struct {
 	Replicas []ReplicaResult `json:"replicas"`
 	// Nodes has one row per node any replica listed, sorted by name.
 	Nodes []Row `json:"nodes"`
+	// Changes are the latest changes and how far each has converged,
+	// newest first (see MergeChanges).
+	Changes []Change `json:"changes,omitempty"`
 }
 
 // ReplicaResult is what one replica answered.
@@ -73,6 +76,8 @@ type Row struct {
 	NackedVersion string `json:"nackedVersion,omitempty"`
 	// NackError is that NACK's error detail.
 	NackError string `json:"nackError,omitempty"`
+	// Drift are the drift repairs the node's agent reported.
+	Drift []Drift `json:"drift,omitempty"`
 }
 
 // Seconds is a duration that JSON encodes as a number of seconds.
@@ -130,6 +135,7 @@ func Merge(replies []Reply) *Report {
 			Node: name, Connected: best.st.GetConnected(), Replica: best.replica, Peer: best.st.GetPeer(),
 			AckedVersion: best.st.GetAckedVersion(), CurrentVersion: best.st.GetCurrentVersion(),
 			NackedVersion: best.st.GetNackedVersion(), NackError: best.st.GetNackError(),
+			Drift: drifts(best.st.GetDrift()),
 		}
 		for _, s := range all {
 			row.Known = row.Known || s.st.GetKnown()
@@ -144,6 +150,7 @@ func Merge(replies []Reply) *Report {
 		rep.Nodes = append(rep.Nodes, row)
 	}
 	slices.SortFunc(rep.Nodes, func(a, b Row) int { return strings.Compare(a.Node, b.Node) })
+	rep.Changes = MergeChanges(replies)
 	return rep
 }
 

@@ -2,25 +2,14 @@ package status
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
-
-// maxResponseBytes bounds a ListNodes answer: a few hundred bytes per
-// node, so 64 MiB is room for far more than 5,000 nodes, where gRPC's
-// default of 4 MiB is not.
-const maxResponseBytes = 64 << 20
 
 // Reply is one replica's answer to ListNodes, or why there is none.
 type Reply struct {
@@ -28,6 +17,8 @@ type Reply struct {
 	Replica string
 	// Nodes is its answer, sorted by node name.
 	Nodes []*pb.NodeStatus
+	// Convergence is its latest changes, newest first.
+	Convergence []*pb.Convergence
 	// Err is set when the replica did not answer.
 	Err error
 }
@@ -36,7 +27,7 @@ type Reply struct {
 // their replies in the order given. Credentials that cannot be read fail
 // the whole query; a replica that does not answer fails only its reply.
 func Query(ctx context.Context, o *Options) ([]Reply, error) {
-	dial, err := dialOptions(o)
+	dial, err := o.DialOptions()
 	if err != nil {
 		return nil, err
 	}
@@ -44,15 +35,15 @@ func Query(ctx context.Context, o *Options) ([]Reply, error) {
 	var wg sync.WaitGroup
 	for i, addr := range o.Servers {
 		wg.Go(func() {
-			nodes, err := listNodes(ctx, addr, o, dial)
-			replies[i] = Reply{Replica: addr, Nodes: nodes, Err: err}
+			resp, err := listNodes(ctx, addr, o, dial)
+			replies[i] = Reply{Replica: addr, Nodes: resp.GetNodes(), Convergence: resp.GetConvergence(), Err: err}
 		})
 	}
 	wg.Wait()
 	return replies, nil
 }
 
-func listNodes(ctx context.Context, addr string, o *Options, dial []grpc.DialOption) ([]*pb.NodeStatus, error) {
+func listNodes(ctx context.Context, addr string, o *Options, dial []grpc.DialOption) (*pb.ListNodesResponse, error) {
 	conn, err := grpc.NewClient(addr, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("dialing %s: %w", addr, err)
@@ -64,47 +55,8 @@ func listNodes(ctx context.Context, addr string, o *Options, dial []grpc.DialOpt
 	if err != nil {
 		return nil, fmt.Errorf("ListNodes on %s: %w", addr, err)
 	}
-	return resp.GetNodes(), nil
+	return resp, nil
 }
-
-// dialOptions reads the CA bundle and the token once, for every replica.
-func dialOptions(o *Options) ([]grpc.DialOption, error) {
-	opts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxResponseBytes))}
-	if o.Insecure {
-		return append(opts, grpc.WithTransportCredentials(insecure.NewCredentials())), nil
-	}
-	ca, err := os.ReadFile(o.CAFile)
-	if err != nil {
-		return nil, fmt.Errorf("reading the CA bundle: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, fmt.Errorf("CA bundle %s holds no PEM certificate", o.CAFile)
-	}
-	tok, err := os.ReadFile(o.TokenFile)
-	if err != nil {
-		return nil, fmt.Errorf("reading the token: %w", err)
-	}
-	token := strings.TrimSpace(string(tok))
-	if token == "" {
-		return nil, fmt.Errorf("token file %s is empty", o.TokenFile)
-	}
-	return append(opts,
-		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: o.ServerName, MinVersion: tls.VersionTLS12})),
-		grpc.WithPerRPCCredentials(bearer(token)),
-	), nil
-}
-
-// bearer sends a token with every call, over TLS only.
-type bearer string
-
-// GetRequestMetadata returns the authorization header.
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-// RequireTransportSecurity is true: a token is never sent in plaintext.
-func (bearer) RequireTransportSecurity() bool { return true }
 
 // errNoReplica is returned when no replica answered.
 var errNoReplica = errors.New("no replica answered")

@@ -6,11 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/proxyplane/proxyplane/controlplane/adminclient"
 )
 
 // maxNackText is how much of a NACK's error a table row shows; -o json
@@ -31,10 +32,33 @@ func WriteTable(w io.Writer, rep *Report) error {
 	var b strings.Builder
 	b.WriteString("NODE\tREPLICA\tACKED\tLAG\tLAST NACK\n")
 	for _, r := range rep.Nodes {
-		fmt.Fprintf(&b, "%s\t%s\t%s\t%s\t%s\n", cell(r.Node), replicaCell(r), orDash(r.AckedVersion), lagCell(r), nackCell(r))
+		fmt.Fprintf(&b, "%s\t%s\t%s\t%s\t%s\n", adminclient.Cell(r.Node), replicaCell(r), orDash(r.AckedVersion), lagCell(r), nackCell(r))
 	}
 	_, err := io.WriteString(tw, b.String())
-	return errors.Join(err, tw.Flush())
+	if err := errors.Join(err, tw.Flush()); err != nil {
+		return err
+	}
+	return writeSections(w, rep)
+}
+
+// writeSections prints, after the nodes, the drift repairs when any node
+// reported one, and the latest changes when there are any.
+func writeSections(w io.Writer, rep *Report) error {
+	if slices.ContainsFunc(rep.Nodes, func(r Row) bool { return len(r.Drift) > 0 }) {
+		if _, err := io.WriteString(w, "\nDRIFT REPAIRED: rules changed behind the agent's back, which it put back\n"); err != nil {
+			return err
+		}
+		if err := WriteDrift(w, rep.Nodes); err != nil {
+			return err
+		}
+	}
+	if len(rep.Changes) > 0 {
+		if _, err := io.WriteString(w, "\nCONVERGENCE: time from each change's start until that share of the agents whose table it alters had acknowledged it\n"); err != nil {
+			return err
+		}
+		return WriteChanges(w, rep.Changes)
+	}
+	return nil
 }
 
 // WriteJSON prints the report as indented JSON, for scripts. Every
@@ -49,31 +73,8 @@ func WriteJSON(w io.Writer, rep *Report) error {
 	if err := enc.Encode(rep); err != nil {
 		return fmt.Errorf("encoding the report: %w", err)
 	}
-	_, err := w.Write(escapeJSON(b.Bytes()))
+	_, err := w.Write(adminclient.EscapeJSON(b.Bytes()))
 	return err
-}
-
-// escapeJSON rewrites every rune from DEL up that is unsafe to show
-// (unsafeRune) in encoded JSON as a \u escape. Outside strings JSON is
-// ASCII, so every such rune is inside a string, where the escape means
-// the same rune: the document decodes to the same values. Below DEL,
-// encoding/json has escaped every control character inside strings, and
-// those left (newlines, spaces) are its indentation; it has also turned
-// invalid UTF-8 into U+FFFD.
-func escapeJSON(b []byte) []byte {
-	out := make([]byte, 0, len(b))
-	for len(b) > 0 {
-		r, n := utf8.DecodeRune(b)
-		// Every unsafe rune is in the Basic Multilingual Plane: one
-		// \u escape, no surrogate pair.
-		if r >= 0x7f && unsafeRune(r) {
-			out = fmt.Appendf(out, "\\u%04x", r)
-		} else {
-			out = append(out, b[:n]...)
-		}
-		b = b[n:]
-	}
-	return out
 }
 
 func replicaCell(r Row) string {
@@ -84,7 +85,7 @@ func replicaCell(r Row) string {
 	if len(r.AlsoConnected) > 0 {
 		s += " (also " + strings.Join(r.AlsoConnected, ", ") + ")"
 	}
-	return cell(s)
+	return adminclient.Cell(s)
 }
 
 func lagCell(r Row) string {
@@ -104,53 +105,16 @@ func nackCell(r Row) string {
 	}
 	// Escaped before it is cut, so that an escape cannot widen the
 	// column past maxNackText.
-	msg := []rune(cell(strings.Join(strings.Fields(r.NackError), " ")))
+	msg := []rune(adminclient.Cell(strings.Join(strings.Fields(r.NackError), " ")))
 	if len(msg) > maxNackText {
 		msg = append(msg[:maxNackText], '…')
 	}
-	return cell(r.NackedVersion) + ": " + string(msg)
+	return adminclient.Cell(r.NackedVersion) + ": " + string(msg)
 }
 
 func orDash(s string) string {
 	if s == "" {
 		return "-"
 	}
-	return cell(s)
-}
-
-// cell makes a value safe to print in the table: node names, NACK text
-// and addresses come from agents and replicas. A tab or line break would
-// shift columns, so it becomes a space. Every other control character
-// (C0, DEL, C1: ESC[2J, OSC 8 links, a title change) and every
-// bidirectional override, which could clear the screen or hide and
-// reorder what the operator reads, is printed as a visible Go-style
-// escape (\x1b, \u202e), as are bytes that are not UTF-8; the value
-// stays readable and nothing reaches the terminal but printable text.
-func cell(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, "\\x%02x", s[i])
-		case r == '\t' || r == '\n' || r == '\r':
-			b.WriteByte(' ')
-		case r < 0x100 && unsafeRune(r):
-			fmt.Fprintf(&b, "\\x%02x", r)
-		case unsafeRune(r):
-			fmt.Fprintf(&b, "\\u%04x", r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
-
-// unsafeRune reports whether r may change what a terminal shows rather
-// than show itself: a control character (Unicode category Cc: C0, DEL,
-// C1), a bidirectional control (U+061C, U+200E-F, U+202A-E, U+2066-9),
-// or a line or paragraph separator.
-func unsafeRune(r rune) bool {
-	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) || r == '\u2028' || r == '\u2029'
+	return adminclient.Cell(s)
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/proxyplane/proxyplane/controlplane/adminclient"
 )
 
 func lag(d time.Duration) *Seconds { s := Seconds(d); return &s }
@@ -99,7 +101,7 @@ node-\x1b[2Jx\u202e  10.0.0.5:9640  0d87f81ad851cfb5  0s   21af2fdb213a065f: bad
 		t.Errorf("table:\n%q\nwant:\n%q", b.String(), want)
 	}
 	for _, r := range b.String() {
-		if r != '\n' && unsafeRune(r) {
+		if r != '\n' && adminclient.UnsafeRune(r) {
 			t.Errorf("the table holds control character %U", r)
 		}
 	}
@@ -118,7 +120,7 @@ func TestWriteJSONIsTerminalSafe(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range b.String() {
-		if r != '\n' && unsafeRune(r) {
+		if r != '\n' && adminclient.UnsafeRune(r) {
 			t.Errorf("the JSON holds control character %U", r)
 		}
 	}

@@ -70,7 +70,7 @@ type benchObjects struct {
 	slices []*discoveryv1.EndpointSlice
 }
 
-func (o benchObjects) build(b *testing.B) *compute.Service {
+func (o benchObjects) build(b testing.TB) *compute.Service {
 	b.Helper()
 	s, err := compute.Build(o.svc, o.slices)
 	if err != nil {
@@ -178,7 +178,7 @@ func benchLoadBalancer(svc *corev1.Service, i int) {
 }
 
 // buildAll builds every Service, keyed for Publish.
-func (c *benchCluster) buildAll(b *testing.B) map[string]*compute.Service {
+func (c *benchCluster) buildAll(b testing.TB) map[string]*compute.Service {
 	b.Helper()
 	out := make(map[string]*compute.Service, len(c.services))
 	for _, o := range c.services {

@@ -19,6 +19,7 @@ import (
 type Cursor struct {
 	node       string
 	deltas     bool
+	compress   bool // see CompressSnapshots
 	maxPending int
 
 	world   *World
@@ -27,15 +28,19 @@ type Cursor struct {
 
 	inflight *inflight
 	nacked   *uint64 // version the agent rejected: never sent again
+	// heldRevision is the latest world whose table for the node the agent
+	// is known to hold (see HeldRevision).
+	heldRevision uint64
 }
 
 // inflight is what the cursor remembers of the response in flight: not
 // its body, which the transport may still be writing and nothing else
 // needs.
 type inflight struct {
-	version uint64
-	node    *compute.Node
-	pending Pending // what the response covered, restored on NACK
+	version  uint64
+	revision uint64 // of the world it was built from
+	node     *compute.Node
+	pending  Pending // what the response covered, restored on NACK
 }
 
 type baseKind int
@@ -125,6 +130,7 @@ func NewCursor(node string, w *World, held Held, deltas bool, maxPending int) (*
 	if v == w.Version(n) {
 		// The agent already holds this table, whichever replica sent it.
 		c.base = base{kind: baseTracked, version: v, node: n}
+		c.heldRevision = w.Revision
 		return c, nil
 	}
 	known := held.Entries
@@ -136,6 +142,12 @@ func NewCursor(node string, w *World, held Held, deltas bool, maxPending int) (*
 	c.base = base{kind: baseKnown, version: v, known: known, nodeSum: held.NodeHash}
 	return c, nil
 }
+
+// CompressSnapshots makes the cursor's snapshots carry the zone view's
+// compressed runs (Snapshot.zstd_entries) in place of its plain entries,
+// for an agent that announced Capabilities.zstd_entries. Versions and
+// everything else stay as they are: they describe the content.
+func (c *Cursor) CompressSnapshots() { c.compress = true }
 
 // Update records a newer world and the changes since the previous one.
 func (c *Cursor) Update(w *World, p Pending) {
@@ -163,6 +175,13 @@ func (c *Cursor) Current() bool {
 func (c *Cursor) AckedVersion() (uint64, bool) {
 	return c.base.version, c.base.kind != baseNone
 }
+
+// HeldRevision is the Revision of the latest world whose table for the
+// node the agent is known to hold: the world an acknowledged response was
+// built from, or the cursor's world when Next found nothing to send. 0
+// until it is known. The agent holds every change published up to it, as
+// far as the change concerns its node.
+func (c *Cursor) HeldRevision() uint64 { return c.heldRevision }
 
 // Next computes the response that brings the agent to the latest world, or
 // nil when there is nothing to send: the agent is current, a response is
@@ -196,6 +215,7 @@ func (c *Cursor) Next() *Response {
 		// Nothing differs: the agent's base is the latest world.
 		c.base = base{kind: baseTracked, version: c.base.version, node: node}
 		c.pending = Pending{}
+		c.heldRevision = c.world.Revision
 		return nil
 	}
 	if !r.Snapshot && !c.deltas {
@@ -204,7 +224,7 @@ func (c *Cursor) Next() *Response {
 	if c.nacked != nil && *c.nacked == r.Version {
 		return nil
 	}
-	c.inflight = &inflight{version: r.Version, node: node, pending: c.pending}
+	c.inflight = &inflight{version: r.Version, revision: c.world.Revision, node: node, pending: c.pending}
 	c.pending = Pending{}
 	return r
 }
@@ -229,6 +249,7 @@ func (c *Cursor) Ack(v uint64) error {
 		return fmt.Errorf("ack for %s: not the response in flight", compute.FormatVersion(v))
 	}
 	c.base = base{kind: baseTracked, version: v, node: c.inflight.node}
+	c.heldRevision = max(c.heldRevision, c.inflight.revision)
 	c.inflight, c.nacked = nil, nil
 	return nil
 }
@@ -249,7 +270,9 @@ func (c *Cursor) Nack(v uint64) error {
 
 // snapshot references the node's zone view and splices in the entries
 // special to the node, so its body costs a few slice headers per special
-// entry rather than a copy of the table.
+// entry rather than a copy of the table. Compressed, it references the
+// view's compressed runs, and only the runs that hold special entries go
+// plain.
 func (c *Cursor) snapshot(node *compute.Node) *Response {
 	w := c.world
 	zv := w.zoneView(node.Zone)
@@ -260,12 +283,47 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 	for j, i := range special {
 		own[j] = w.services[keys[i]].EntryFor(node)
 		r.Version += own[j].Hash - zv.hashes[i]
+		r.noteTrigger(w.services[keys[i]].TriggerTime)
 	}
 	head := appendString(nil, wire.SnapshotVersion, compute.FormatVersion(r.Version))
 	head = appendMessage(head, wire.SnapshotNode, node.Bytes)
-	body := make(Body, 0, 2+2*len(special))
-	body = append(body, head)
-	from := 0 // start of the zone view not yet referenced
+	var body Body
+	if c.compress {
+		runs := zv.runs()
+		body = make(Body, 0, 2+len(runs)+2*len(special))
+		body = append(body, head)
+		j := 0 // special[j:] are in this run or later ones
+		for _, rn := range runs {
+			k := j
+			for k < len(special) && special[k] < rn.end {
+				k++
+			}
+			if k == j {
+				body = append(body, rn.field)
+				continue
+			}
+			body = c.appendPlain(body, zv, rn.first, rn.end, special[j:k], own[j:k])
+			j = k
+		}
+	} else {
+		body = make(Body, 0, 2+2*len(special))
+		body = append(body, head)
+		body = c.appendPlain(body, zv, 0, len(keys), special, own)
+	}
+	if rv := appendUint(nil, wire.SnapshotResourceVersion, r.ResourceVersion); len(rv) > 0 {
+		body = append(body, rv) // last, in field order, as proto.Marshal writes it
+	}
+	r.Body = body
+	return r
+}
+
+// appendPlain appends the zone view's entries [lo, hi) to body, with the
+// node's own entries in place of the view's at the indices special
+// (ascending, within [lo, hi)).
+func (c *Cursor) appendPlain(body Body, zv *zoneView, lo, hi int, special []int, own []compute.Entry) Body {
+	w := c.world
+	keys := w.Keys()
+	from := zv.offsets[lo] // start of the zone view not yet referenced
 	var ownBytes []byte
 	for j, i := range special {
 		if zv.offsets[i] > from {
@@ -274,23 +332,17 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 			}
 			body = append(body, zv.body[from:zv.offsets[i]])
 		}
-		svc := w.services[keys[i]]
 		// Consecutive special entries share one buffer.
-		ownBytes = appendEntry(ownBytes, wire.SnapshotEntries, keys[i], own[j], svc.TriggerTime)
-		r.noteTrigger(svc.TriggerTime)
+		ownBytes = appendEntry(ownBytes, wire.SnapshotEntries, keys[i], own[j], w.services[keys[i]].TriggerTime)
 		from = zv.offsets[i+1]
 	}
 	if len(ownBytes) > 0 {
 		body = append(body, ownBytes)
 	}
-	if from < len(zv.body) {
-		body = append(body, zv.body[from:])
+	if to := zv.offsets[hi]; from < to {
+		body = append(body, zv.body[from:to])
 	}
-	if rv := appendUint(nil, wire.SnapshotResourceVersion, r.ResourceVersion); len(rv) > 0 {
-		body = append(body, rv) // last, in field order, as proto.Marshal writes it
-	}
-	r.Body = body
-	return r
+	return body
 }
 
 // diff builds a delta from the agent's base, where old gives the hash of

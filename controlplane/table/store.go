@@ -4,6 +4,7 @@ import (
 	"maps"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 )
@@ -38,6 +39,9 @@ type crumb struct {
 	done    chan struct{}
 	next    *crumb                      // set before done is closed
 	changed map[string]*compute.Service // set before done is closed
+	// published is when the world next leads to was published; set
+	// before done is closed.
+	published time.Time
 }
 
 // NewStore returns an empty store. A subscription whose agent falls behind
@@ -150,7 +154,7 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 		return 0, 0
 	}
 
-	next := &World{Revision: prev.Revision + 1, services: prev.services, nodes: prev.nodes, cidrs: cidrs, cp: cp}
+	next := &World{Revision: prev.Revision + 1, Published: time.Now(), services: prev.services, nodes: prev.nodes, cidrs: cidrs, cp: cp}
 	next.rv.Store(max(prev.rv.Load(), u.ResourceVersion))
 	if len(oldServices) > 0 || h == nil {
 		// maps.Clone copies the table wholesale, about twice as fast as
@@ -183,7 +187,7 @@ func (s *Store) Apply(u Update) (changedServices, changedNodes int) {
 	}
 	// The old crumb is complete before the new head is visible, so a
 	// subscription that sees the new head can walk up to it.
-	h.crumb.changed, h.crumb.next = oldServices, c
+	h.crumb.changed, h.crumb.next, h.crumb.published = oldServices, c, next.Published
 	s.head.Store(&head{world: next, crumb: c})
 	close(h.crumb.done)
 	return len(oldServices), len(changedNodeNames)
@@ -212,6 +216,11 @@ type Pending struct {
 	Services map[string]*compute.Service
 	// Overflow means the changes were not recorded: send a snapshot.
 	Overflow bool
+	// Published is when the earliest world after the base was published:
+	// when the oldest of the changes became visible (zero when nothing
+	// changed). A reader that takes several worlds at once dates the
+	// change from here, not from the latest world.
+	Published time.Time
 }
 
 // Len is the number of changed Services recorded.
@@ -221,6 +230,7 @@ func (p *Pending) Len() int { return len(p.Services) }
 // is the one at p's base.
 func (p *Pending) merge(newer Pending, limit int) {
 	p.Overflow = p.Overflow || newer.Overflow
+	p.Published = earliest(p.Published, newer.Published)
 	if !p.Overflow {
 		p.add(newer.Services, limit)
 	}
@@ -254,12 +264,21 @@ func (sub *Subscription) Take() (*World, Pending) {
 	h := sub.store.head.Load()
 	var p Pending
 	for c := sub.at; c != h.crumb; c = c.next {
+		p.Published = earliest(p.Published, c.published)
 		if !p.Overflow {
 			p.add(c.changed, sub.store.maxPending)
 		}
 	}
 	sub.at = h.crumb
 	return h.world, p
+}
+
+// earliest is the earlier of a and b, ignoring a zero time.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // raise sets v to rv if rv is higher. Callers hold the store's lock.

@@ -17,6 +17,9 @@ type World struct {
 	// Revision counts publications on this replica; it only orders worlds
 	// locally. Versions sent to agents are content hashes, not revisions.
 	Revision uint64
+	// Published is when the store published the world: for a change that
+	// carries no trigger time, when the control plane saw it.
+	Published time.Time
 	// rv is ResourceVersion: it only rises, and only while the world is
 	// its store's latest (Store.PublishThrough, under the store's lock).
 	rv atomic.Uint64
@@ -53,6 +56,9 @@ type zoneView struct {
 	hashes  []uint64 // entry i's hash
 	sum     uint64   // sum of hashes
 	trigger time.Time
+
+	runsOnce   sync.Once
+	compressed []run // see runs
 }
 
 // ResourceVersion is the cluster's resourceVersion through which this

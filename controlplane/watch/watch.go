@@ -13,7 +13,11 @@
 //
 // An invalid Service is left out of every table, and an invalid endpoint
 // or port of an EndpointSlice is left out of its Service; the rest of the
-// table is unaffected. The same goroutine keeps one event per such object,
+// table is unaffected. So is an external or load balancer IP that every
+// agent would refuse (SetGuard): it is left out alone, and a change of
+// the control plane's or the nodes' addresses (those Nodes list and
+// those agents report, ReportNodeAddresses) rebuilds the Services it
+// concerns. The same goroutine keeps one event per such object,
 // logs each distinct problem once and publishes the events for ListEvents
 // (see Events).
 package watch
@@ -23,6 +27,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +48,7 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/metrics"
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/capture"
 )
 
 const byService = "service"
@@ -57,14 +65,21 @@ type Watcher struct {
 	services, slices     cache.SharedIndexInformer
 	nodes, serviceCIDRs  cache.SharedIndexInformer
 
-	mu           sync.Mutex // guards the dirty sets and dirtyCIDRs
-	dirtySvcs    map[string]bool
-	dirtyNodes   map[string]bool
-	dirtyCIDRs   bool
-	wake         chan struct{} // capacity 1
-	handlerError error         // first error registering handlers
-	progress     progress      // how far the published world has followed the cluster
-	health       *health
+	mu         sync.Mutex // guards the dirty sets, dirtyCIDRs and the reports below
+	dirtySvcs  map[string]bool
+	dirtyNodes map[string]bool
+	dirtyCIDRs bool
+	// reported holds the node addresses each agent's hello reported
+	// (ReportNodeAddresses), dirtyReported says it changed since the last
+	// publish, and reportedApplied is closed by the publish that next
+	// takes it in; all guarded by mu.
+	reported        map[string][]netip.Addr
+	dirtyReported   bool
+	reportedApplied chan struct{}
+	wake            chan struct{} // capacity 1
+	handlerError    error         // first error registering handlers
+	progress        progress      // how far the published world has followed the cluster
+	health          *health
 	// beat is when Run's loop last went round (UnixNano): a loop that
 	// stops going round can no longer publish.
 	beat atomic.Int64
@@ -72,6 +87,21 @@ type Watcher struct {
 	// ready endpoints every NodeInfo carries; empty for none. Set before
 	// Run.
 	controlPlane string
+	// guardSeeds, guardNodePorts and guardAnyPort are what SetGuard set;
+	// learned are the control plane addresses last published, and
+	// nodeAddrs each Node's addresses: with them, guard is what no
+	// Service may capture (compute.Guard). exposed maps the key of each
+	// Service the guard applies to to its external and load balancer
+	// IPs, so that a change of the guard rebuilds only the Services whose
+	// addresses it concerns. All Run's goroutine's.
+	guardSeeds     []netip.AddrPort
+	guardNodePorts capture.PortRange
+	guardAnyPort   bool
+	learned        []netip.AddrPort
+	nodeAddrs      map[string][]netip.Addr
+	agentAddrs     map[string][]netip.Addr // reported, as last published
+	guard          *compute.Guard
+	exposed        map[string][]netip.Addr
 	// handlersSynced report when each handler has seen its informer's
 	// initial list: an informer's own HasSynced does not cover its
 	// handlers, and publishing before they caught up would send agents a
@@ -86,6 +116,8 @@ func New(client kubernetes.Interface, store *table.Store, resync time.Duration, 
 		store: store, log: log, events: newEventLog(maxEvents),
 		dirtySvcs: map[string]bool{}, dirtyNodes: map[string]bool{},
 		wake: make(chan struct{}, 1), health: newHealth(),
+		nodeAddrs: map[string][]netip.Addr{}, exposed: map[string][]netip.Addr{},
+		reported: map[string][]netip.Addr{},
 	}
 	// kube-proxy's filter, applied by the API server: Services handled by
 	// another proxy, and slices of headless Services, never reach us.
@@ -200,6 +232,18 @@ func (w *Watcher) SetControlPlaneService(namespace, name string) {
 	w.controlPlane = compute.Key(namespace, name)
 }
 
+// SetGuard names the control plane addresses agents are configured
+// with (their --control-plane), the API server's node port range and the
+// agents' --allow-node-address-service-ports. With the replica addresses
+// learned from the control plane's own Service and every node's
+// addresses (its Node's and its agent's report), they make the
+// compute.Guard that Services are built against: an external or load
+// balancer IP that would make every agent refuse its table is left out
+// alone, and reported as an InvalidValue event. Call it before Run.
+func (w *Watcher) SetGuard(seeds []netip.AddrPort, nodePorts capture.PortRange, nodeAddressesAnyPort bool) {
+	w.guardSeeds, w.guardNodePorts, w.guardAnyPort = seeds, nodePorts, nodeAddressesAnyPort
+}
+
 // Run starts the informers, waits for their caches, publishes the first
 // complete world, then keeps publishing changes until ctx ends.
 func (w *Watcher) Run(ctx context.Context) error {
@@ -291,10 +335,67 @@ func (w *Watcher) publish() {
 	w.mu.Lock()
 	svcKeys, nodeNames, cidrsChanged := w.dirtySvcs, w.dirtyNodes, w.dirtyCIDRs
 	w.dirtySvcs, w.dirtyNodes, w.dirtyCIDRs = map[string]bool{}, map[string]bool{}, false
+	reportedChanged, applied := w.dirtyReported, w.reportedApplied
+	if reportedChanged {
+		w.agentAddrs = maps.Clone(w.reported) // its slices are never modified
+	}
+	w.dirtyReported, w.reportedApplied = false, nil
 	w.progress.swapped()
 	w.mu.Unlock()
+	if applied != nil {
+		defer close(applied)
+	}
 
 	start := time.Now()
+	// Nodes and the control plane's addresses first: the guard that
+	// Services are built against depends on them.
+	nodes := make(map[string]*compute.Node, len(nodeNames))
+	guardChanged := w.guard == nil || reportedChanged
+	for name := range nodeNames {
+		obj, exists, err := w.nodes.GetStore().GetByKey(name)
+		var addrs []netip.Addr
+		switch {
+		case err != nil:
+			w.log.Error("reading node from cache", "node", name, "err", err)
+			continue
+		case exists:
+			nodes[name] = compute.BuildNode(name, obj.(*corev1.Node))
+			addrs = compute.NodeAddresses(obj.(*corev1.Node))
+		default:
+			nodes[name] = nil
+		}
+		if old, had := w.nodeAddrs[name]; had != exists || !slices.Equal(old, addrs) {
+			guardChanged = true
+		}
+		if exists {
+			w.nodeAddrs[name] = addrs
+		} else {
+			delete(w.nodeAddrs, name)
+			w.forgetReported(name)
+		}
+	}
+	update := table.Update{Nodes: nodes, ResourceVersion: w.progress.bound()}
+	if cidrsChanged {
+		update.ServiceCIDRs, update.SetServiceCIDRs = w.buildServiceCIDRs(), true
+	}
+	if w.controlPlane != "" && svcKeys[w.controlPlane] {
+		if addrs, err := w.controlPlaneAddresses(); err != nil {
+			w.log.Error("control plane addresses not updated, keeping the last ones", "service", w.controlPlane, "err", err)
+		} else {
+			update.ControlPlaneAddresses, update.SetControlPlaneAddresses = addrs, true
+			w.learned = w.learned[:0]
+			for _, a := range addrs.List() {
+				if ap, err := netip.ParseAddrPort(a); err == nil {
+					w.learned = append(w.learned, ap)
+				}
+			}
+			guardChanged = true
+		}
+	}
+	if guardChanged {
+		w.updateGuard(svcKeys)
+	}
+
 	services := make(map[string]*compute.Service, len(svcKeys))
 	for key := range svcKeys {
 		svc, problems, err := w.service(key)
@@ -311,35 +412,39 @@ func (w *Watcher) publish() {
 		w.report(key, problems, start)
 		services[key] = svc // nil removes a Service gone, skipped or invalid
 	}
-	nodes := make(map[string]*compute.Node, len(nodeNames))
-	for name := range nodeNames {
-		obj, exists, err := w.nodes.GetStore().GetByKey(name)
-		switch {
-		case err != nil:
-			w.log.Error("reading node from cache", "node", name, "err", err)
-		case exists:
-			nodes[name] = compute.BuildNode(name, obj.(*corev1.Node))
-		default:
-			nodes[name] = nil
-		}
-	}
-	update := table.Update{Services: services, Nodes: nodes, ResourceVersion: w.progress.bound()}
-	if cidrsChanged {
-		update.ServiceCIDRs, update.SetServiceCIDRs = w.buildServiceCIDRs(), true
-	}
-	if w.controlPlane != "" && svcKeys[w.controlPlane] {
-		if addrs, err := w.controlPlaneAddresses(); err != nil {
-			w.log.Error("control plane addresses not updated, keeping the last ones", "service", w.controlPlane, "err", err)
-		} else {
-			update.ControlPlaneAddresses, update.SetControlPlaneAddresses = addrs, true
-		}
-	}
+	update.Services = services
 	ns, nn := w.store.Apply(update)
 	w.events.publish()
 	metrics.ComputeDurationSeconds.Observe(time.Since(start).Seconds())
 	metrics.Services.Set(float64(w.store.Current().Len()))
 	if ns+nn > 0 {
 		w.log.Debug("published", "services", ns, "nodes", nn, "took", time.Since(start))
+	}
+}
+
+// updateGuard computes the guard from the seeds, the learned control
+// plane addresses and the nodes' addresses; when it changed, it marks in
+// svcKeys the Services listing an address it now guards differently, to
+// be built again against it.
+func (w *Watcher) updateGuard(svcKeys map[string]bool) {
+	cps := append(slices.Clone(w.guardSeeds), w.learned...)
+	var nodes []netip.Addr
+	for name, addrs := range w.nodeAddrs {
+		// An agent's report counts while its Node exists: a name that
+		// never was a Node guards nothing.
+		nodes = append(nodes, addrs...)
+		nodes = append(nodes, w.agentAddrs[name]...)
+	}
+	g := compute.NewGuard(cps, nodes, w.guardNodePorts, w.guardAnyPort)
+	if g.Equal(w.guard) {
+		return
+	}
+	old := w.guard
+	w.guard = g
+	for key, addrs := range w.exposed {
+		if slices.ContainsFunc(addrs, func(a netip.Addr) bool { return g.Affects(old, a) }) {
+			svcKeys[key] = true
+		}
 	}
 }
 
@@ -413,12 +518,19 @@ func (w *Watcher) service(key string) (*compute.Service, []compute.Problem, erro
 		return nil, nil, fmt.Errorf("reading service from cache: %w", err)
 	}
 	if !exists {
+		delete(w.exposed, key)
 		return nil, nil, nil
 	}
 	svc := obj.(*corev1.Service)
 	if reason := compute.SkipReason(svc); reason != "" {
+		delete(w.exposed, key)
 		w.log.Debug("skipping service", "service", key, "reason", reason)
 		return nil, nil, nil
+	}
+	if addrs := compute.Exposed(svc); len(addrs) > 0 {
+		w.exposed[key] = addrs
+	} else {
+		delete(w.exposed, key)
 	}
 	objs, err := w.slices.GetIndexer().ByIndex(byService, key)
 	if err != nil {
@@ -428,7 +540,7 @@ func (w *Watcher) service(key string) (*compute.Service, []compute.Problem, erro
 	for _, o := range objs {
 		slices = append(slices, o.(*discoveryv1.EndpointSlice))
 	}
-	s, problems := compute.BuildReport(svc, slices)
+	s, problems := compute.BuildGuarded(svc, slices, w.guard)
 	return s, problems, nil
 }
 

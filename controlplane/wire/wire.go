@@ -51,6 +51,10 @@ const (
 	SnapshotEntries protowire.Number = 3
 	// SnapshotResourceVersion is Snapshot.resource_version (uint64).
 	SnapshotResourceVersion protowire.Number = 4
+	// SnapshotZstdEntries is Snapshot.zstd_entries (repeated bytes): runs
+	// of entries compressed once per zone view (package table), which the
+	// agent's codec inflates in place (nodeagent/client).
+	SnapshotZstdEntries protowire.Number = 5
 )
 
 // Fields of proxyplane.v1.Delta, assembled by package table.

@@ -47,6 +47,7 @@ var handFields = []handField{
 	{"SnapshotNode", SnapshotNode, "proxyplane.v1.Snapshot", "node", protoreflect.MessageKind, protowire.BytesType, false, "proxyplane.v1.NodeInfo"},
 	{"SnapshotEntries", SnapshotEntries, "proxyplane.v1.Snapshot", "entries", protoreflect.MessageKind, protowire.BytesType, true, "proxyplane.v1.ServiceEntry"},
 	{"SnapshotResourceVersion", SnapshotResourceVersion, "proxyplane.v1.Snapshot", "resource_version", protoreflect.Uint64Kind, protowire.VarintType, false, ""},
+	{"SnapshotZstdEntries", SnapshotZstdEntries, "proxyplane.v1.Snapshot", "zstd_entries", protoreflect.BytesKind, protowire.BytesType, true, ""},
 
 	{"DeltaBaseVersion", DeltaBaseVersion, "proxyplane.v1.Delta", "base_version", protoreflect.StringKind, protowire.BytesType, false, ""},
 	{"DeltaVersion", DeltaVersion, "proxyplane.v1.Delta", "version", protoreflect.StringKind, protowire.BytesType, false, ""},

@@ -79,6 +79,15 @@ type Options struct {
 	// Config sets keys of deploy/config.env in the overlay, over the box's
 	// own (CONTROL_PLANE_ADDRESSES and IPTABLES_BACKEND=nft).
 	Config map[string]string
+	// Kubelets runs every node as a real node (e2e/box/node: containerd,
+	// runc, the CNI plugins and upstream's kubelet), and upstream's
+	// kube-controller-manager and kube-scheduler beside the API server:
+	// deploy/ is applied and proxyplane runs as its Deployment's and
+	// DaemonSet's pods, from the images `make images` built. The box then
+	// starts no backends: tests run them as pods. Replicas must not
+	// exceed Nodes: nodes 0 to Replicas-1 are the control-plane nodes.
+	// Insecure is ignored.
+	Kubelets bool
 	// Insecure runs the control planes and agents with --insecure
 	// (plaintext, no tokens) and the box's clients in plaintext: only to
 	// measure what authentication costs. Otherwise everything runs with
@@ -129,9 +138,11 @@ type Box struct {
 	// its goroutine and waits for it.
 	kubelet     *kubelet
 	stopKubelet func()
-	closeMu     sync.Mutex // guards closed
-	closed      bool
-	binaries    struct{ controlplane, nodeagent string }
+	// nodes are the real nodes and controllers (Options.Kubelets).
+	nodes    *kubeletParts
+	closeMu  sync.Mutex // guards closed
+	closed   bool
+	binaries struct{ controlplane, nodeagent string }
 }
 
 // FindBinDir returns the directory holding the box's binaries:
@@ -195,6 +206,13 @@ func Start(ctx context.Context, tb TB, opts Options) (*Box, error) {
 	if opts.Nodes > 26 || opts.Replicas > 9 {
 		return nil, fmt.Errorf("box: at most 26 nodes (zones zone-a to zone-z) and 9 replicas, got %d and %d", opts.Nodes, opts.Replicas)
 	}
+	if opts.Kubelets {
+		kubeletRequirements(tb, opts)
+		if opts.Replicas > opts.Nodes {
+			return nil, fmt.Errorf("box: %d replicas need as many control-plane nodes, got %d nodes", opts.Replicas, opts.Nodes)
+		}
+		opts.Insecure = false
+	}
 	if opts.DeployDir == "" {
 		d, err := FindDeployDir()
 		if err != nil {
@@ -222,7 +240,7 @@ func Start(ctx context.Context, tb TB, opts Options) (*Box, error) {
 	// processes stop before their namespaces go. ctx bounds only the
 	// start, so the stop gets a deadline of its own.
 	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute) // real nodes take up to 40 s each
 		defer cancel()
 		if err := b.Close(ctx); err != nil {
 			tb.Errorf("closing the box: %v", err)
@@ -266,9 +284,17 @@ func (b *Box) start(ctx context.Context) error {
 	if err := os.WriteFile(admission, []byte(criticalPodsLimited), 0o600); err != nil {
 		return fmt.Errorf("writing the API server's admission configuration: %w", err)
 	}
+	apiDir := filepath.Join(b.dir, "apiserver")
+	var extraArgs []string
+	if b.opts.Kubelets {
+		var err error
+		if extraArgs, err = b.seedAPIServer(apiDir); err != nil {
+			return err
+		}
+	}
 	api, err := cluster.New(ctx, cluster.Config{
 		Binary: b.opts.APIServer,
-		Dir:    filepath.Join(b.dir, "apiserver"),
+		Dir:    apiDir,
 		// Inside host-0, where the control planes run: its 127.0.0.1 is
 		// theirs, and nothing of it touches the machine's own network.
 		CommandPrefix: []string{"ip", "netns", "exec", host},
@@ -278,10 +304,10 @@ func (b *Box) start(ctx context.Context) error {
 		// kube-proxy's DaemonSet needs it): the agent's init container
 		// is one. Critical priority classes limited to namespaces with
 		// a quota for them, as on GKE (criticalPodsLimited).
-		APIServerArgs: []string{
+		APIServerArgs: append([]string{
 			"--service-cluster-ip-range=" + serviceCIDRs, "--allow-privileged=true",
 			"--admission-control-config-file=" + admission,
-		},
+		}, extraArgs...),
 	})
 	if err != nil {
 		return fmt.Errorf("starting the API server: %w", err)
@@ -296,17 +322,20 @@ func (b *Box) start(ctx context.Context) error {
 		return fmt.Errorf("creating the admin client: %w", err)
 	}
 
-	var addrs []string
-	for i := range b.opts.Replicas {
-		addrs = append(addrs, b.tp.HostIP(0).String()+":"+strconv.Itoa(firstGRPCPort+10*i))
-	}
 	config := map[string]string{
-		"CONTROL_PLANE_ADDRESSES": strings.Join(addrs, ","),
 		// nstest's namespaces start with no rules at all; nft is what
 		// "auto" would pick there, named so the box never depends on a
 		// probe of both backends.
 		"IPTABLES_BACKEND": "nft",
 	}
+	if b.opts.Kubelets {
+		return b.startOnKubelets(ctx, config)
+	}
+	var addrs []string
+	for i := range b.opts.Replicas {
+		addrs = append(addrs, b.tp.HostIP(0).String()+":"+strconv.Itoa(firstGRPCPort+10*i))
+	}
+	config["CONTROL_PLANE_ADDRESSES"] = strings.Join(addrs, ",")
 	for k, v := range b.opts.Config {
 		config[k] = v
 	}
@@ -693,6 +722,9 @@ func (b *Box) Close(ctx context.Context) error {
 		errs = append(errs, a.Stop(ctx))
 	}
 	errs = append(errs, b.StopControlPlanes(ctx))
+	if b.nodes != nil {
+		errs = append(errs, b.closeKubelets(ctx))
+	}
 	if b.api != nil {
 		errs = append(errs, b.api.Stop(ctx))
 	}
@@ -715,6 +747,10 @@ func (b *Box) logTails() {
 	const lines = 40
 	if b.api != nil {
 		b.tb.Logf("last lines of %s:\n%s", b.api.LogPath(), b.api.LogTail(lines))
+	}
+	if b.nodes != nil {
+		b.nodes.logTails(b.tb, lines)
+		return
 	}
 	for _, c := range b.ControlPlanes {
 		b.tb.Logf("last lines of %s:\n%s", c.LogPath(), c.LogTail(lines))

@@ -31,4 +31,23 @@
 // and WatchTable on every replica, and the agents' metrics), probe
 // traffic, and stop, kill or restart any process. All waits poll a
 // condition against a deadline.
+//
+// With Options.Kubelets the same box runs on real nodes, as proxyplane is
+// installed: each node namespace runs containerd and upstream's kubelet
+// (package node), kube-controller-manager and kube-scheduler run in
+// host-0 beside the API server, and deploy/, applied the same way,
+// becomes pods the controllers make and the kubelets run from the images
+// `make images` built:
+//
+//	host-0  192.168.100.200: e2e-apiserver (127.0.0.1; relayed on :6443),
+//	                         kube-controller-manager, kube-scheduler
+//	node-0  192.168.100.1: kubelet, containerd; API server relayed on :6443;
+//	                       control plane pod :9640/:9641, agent pod, pods 10.246.x.0/24
+//	node-1  192.168.100.2: the same (the second control-plane node)
+//	node-2  192.168.100.3: kubelet, containerd, agent pod, pods
+//
+// The replicas are then ControlPlanes whose Running says whether a Ready
+// pod of the Deployment is on their node, and the agents Agents whose
+// processes the box does not own: the scenarios use the Kubernetes API
+// to roll, drain or break them.
 package box

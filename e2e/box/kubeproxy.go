@@ -171,13 +171,23 @@ func (b *Box) relayAPIServer(ctx context.Context, ns string) error {
 	if err != nil {
 		return fmt.Errorf("parsing the API server's URL: %w", err)
 	}
+	return b.relay(ctx, ns, u.Host)
+}
+
+// relay listens on addr inside ns and relays to the API server in host-0,
+// until Close.
+func (b *Box) relay(ctx context.Context, ns, addr string) error {
+	u, err := url.Parse(b.api.URL())
+	if err != nil {
+		return fmt.Errorf("parsing the API server's URL: %w", err)
+	}
 	var ln net.Listener
 	if err := b.tp.Do(ns, func() error {
 		var err error
-		ln, err = net.Listen("tcp", u.Host)
+		ln, err = net.Listen("tcp", addr)
 		return err
 	}); err != nil {
-		return fmt.Errorf("relaying the API server into %s: %w", b.label(ns), err)
+		return fmt.Errorf("relaying the API server to %s in %s: %w", addr, b.label(ns), err)
 	}
 	// The relay lives as long as the box, not as ctx.
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

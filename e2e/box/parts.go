@@ -45,6 +45,19 @@ type ControlPlane struct {
 	ip string
 	// creds returns the box's client credentials, read at each dial.
 	creds func() ClientCredentials
+	// onNode, for a replica that is a pod on a real node
+	// (Options.Kubelets), reports whether a Ready pod of the Deployment
+	// runs there; its Process is then never started.
+	onNode func() bool
+}
+
+// Running reports whether the replica runs: its process, or on a real
+// node a Ready pod.
+func (c *ControlPlane) Running() bool {
+	if c.onNode != nil {
+		return c.onNode()
+	}
+	return c.Process.Running()
 }
 
 // GRPCAddr returns the address agents dial: host-0's LAN address and the

@@ -215,6 +215,15 @@ func (p *Process) ExitError() error {
 	return p.waitErr
 }
 
+// Pid returns the running process's id, 0 when it is not running.
+func (p *Process) Pid() int {
+	cmd, _ := p.current()
+	if cmd == nil {
+		return 0
+	}
+	return cmd.Process.Pid
+}
+
 func (p *Process) current() (*exec.Cmd, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -110,16 +110,8 @@ func (w *watchStream) wantOpen(t *testing.T) {
 func (e *env) testAttackIdentity(t *testing.T) {
 	ctx := e.begin(t)
 	b := e.b
-	victim, other := b.Agents[1], b.Agents[0]
-	on, statuses, err := b.Connections(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica := on[victim.Node.Name()]
-	if replica == nil {
-		t.Fatalf("%s is connected to no replica", victim.Node.Name())
-	}
-	since := statuses[victim.Node.Name()].GetConnectedAt().AsTime()
+	stream := victimStream(ctx, t, b)
+	victim, replica, other := stream.agent, stream.replica, b.Agents[0]
 	ns := b.Deployment().Namespace
 	audience := []string{b.Deployment().AgentMounts.TokenAudience}
 	base := b.Credentials()
@@ -287,14 +279,7 @@ func (e *env) testAttackIdentity(t *testing.T) {
 	if _, err := b.WaitProgrammed(ctx, hasEntry(e, "e2e/after-identity-attacks", podOn(b, 0), podOn(b, 2))); err != nil {
 		t.Fatal(err)
 	}
-	st, err := replica.NodeStatus(ctx, victim.Node.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !st.GetConnected() || !st.GetConnectedAt().AsTime().Equal(since) {
-		t.Errorf("%s's stream on %s: connected %t since %s, want the stream of %s to have stayed", victim.Node.Name(), replica.Name(),
-			st.GetConnected(), st.GetConnectedAt().AsTime(), since)
-	}
+	stream.checkStayed(ctx, t)
 }
 
 // ignoreNotFound is nil for an object already gone.

@@ -50,7 +50,9 @@ func TestScenarios(t *testing.T) {
 	t.Run("DeployApplied", e.testDeployApplied)
 	t.Run("ServicesReachEveryNode", e.testServicesReachEveryNode)
 	t.Run("EndpointChangeLatency", e.testEndpointChangeLatency)
+	t.Run("Convergence", e.testConvergence)
 	t.Run("GRPCurl", e.testGRPCurl)
+	t.Run("Explain", e.testExplain)
 	t.Run("ControlPlaneRestartSendsNothing", e.testControlPlaneRestart)
 	t.Run("AgentMovesReplicaSendsNothing", e.testAgentMovesReplica)
 	t.Run("ControlPlaneReplaced", e.testControlPlaneReplaced)
@@ -64,6 +66,7 @@ func TestScenarios(t *testing.T) {
 	t.Run("Migration", e.testMigration)
 	t.Run("MigrationNFT", e.testMigrationNFT)
 	t.Run("ModeSwitch", e.testModeSwitch)
+	t.Run("TenantFreeze", e.testTenantFreeze)
 	if insecure {
 		t.Log("E2E_INSECURE=1: the authentication scenarios are skipped")
 	} else {

@@ -163,16 +163,8 @@ func deletedPodToken(ctx context.Context, t *testing.T, b *box.Box, node string)
 func (e *env) testAuthentication(t *testing.T) {
 	ctx := e.begin(t)
 	b := e.b
-	victim, other := b.Agents[1], b.Agents[0]
-	on, statuses, err := b.Connections(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica := on[victim.Node.Name()]
-	if replica == nil {
-		t.Fatalf("%s is connected to no replica", victim.Node.Name())
-	}
-	since := statuses[victim.Node.Name()].GetConnectedAt().AsTime()
+	stream := victimStream(ctx, t, b)
+	victim, replica, other := stream.agent, stream.replica, b.Agents[0]
 
 	base := b.Credentials()
 	with := func(token string) box.ClientCredentials { c := base; c.Token = token; return c }
@@ -264,13 +256,46 @@ func (e *env) testAuthentication(t *testing.T) {
 	if _, err := b.WaitProgrammed(ctx, hasEntry(e, "e2e/after-attacks", podOn(b, 0), podOn(b, 2))); err != nil {
 		t.Fatal(err)
 	}
-	st, err := replica.NodeStatus(ctx, victim.Node.Name())
+	stream.checkStayed(ctx, t)
+}
+
+// attackedStream is the stream an attack scenario must leave alone: the
+// victim agent's (node-1's), on the replica serving it, opened at since.
+type attackedStream struct {
+	agent   *box.Agent
+	replica *box.ControlPlane
+	since   time.Time
+}
+
+// victimStream finds node-1's agent, the attack scenarios' victim, and
+// the replica serving it: the one the attacks target, where its stream
+// must stay.
+func victimStream(ctx context.Context, t *testing.T, b *box.Box) attackedStream {
+	t.Helper()
+	victim := b.Agents[1]
+	on, statuses, err := b.Connections(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !st.GetConnected() || !st.GetConnectedAt().AsTime().Equal(since) {
-		t.Errorf("%s's stream on %s: connected %t since %s, want the stream of %s to have stayed", victim.Node.Name(), replica.Name(),
-			st.GetConnected(), st.GetConnectedAt().AsTime(), since)
+	replica := on[victim.Node.Name()]
+	if replica == nil {
+		t.Fatalf("%s is connected to no replica", victim.Node.Name())
+	}
+	return attackedStream{agent: victim, replica: replica, since: statuses[victim.Node.Name()].GetConnectedAt().AsTime()}
+}
+
+// checkStayed fails t unless the victim's stream is still the one
+// victimStream found: connected to the same replica since the same time.
+func (s attackedStream) checkStayed(ctx context.Context, t *testing.T) {
+	t.Helper()
+	node := s.agent.Node.Name()
+	st, err := s.replica.NodeStatus(ctx, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.GetConnected() || !st.GetConnectedAt().AsTime().Equal(s.since) {
+		t.Errorf("%s's stream on %s: connected %t since %s, want the stream of %s to have stayed", node, s.replica.Name(),
+			st.GetConnected(), st.GetConnectedAt().AsTime(), s.since)
 	}
 }
 

@@ -88,7 +88,8 @@ type request struct {
 }
 
 // New returns an agent starting from cached, the table loaded from the
-// cache (nil when none). Run programs it before anything else.
+// cache (nil when none), whose hashes the cache verified. Run programs it
+// before anything else.
 func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Table, log *slog.Logger) *Agent {
 	health := cfg.Health
 	if health == nil {
@@ -96,7 +97,8 @@ func New(cfg Config, dp dataplane.Dataplane, store Store, cached *proxytable.Tab
 	}
 	a := &Agent{cfg: cfg, dp: dp, store: store, log: log, health: health, reqs: make(chan request), started: make(chan struct{})}
 	if cached != nil {
-		if err := cfg.Policy.Check(cached, nil); err != nil {
+		// The cache verified its hashes when it loaded it.
+		if err := cfg.Policy.CheckVerified(cached); err != nil {
 			// Programming it could cut the node off from the control
 			// plane for good (it would be programmed again at every
 			// start): start empty, as with a corrupt cache, and wait

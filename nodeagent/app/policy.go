@@ -5,16 +5,12 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"strconv"
-	"time"
+	"slices"
 
+	"github.com/proxyplane/proxyplane/internal/capture"
+	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
-
-// resolveTimeout bounds the start-up lookup of control plane names: the
-// agent programs its cached table only after it, and a name that does not
-// resolve in time is dialled (and resolved) later anyway.
-const resolveTimeout = 5 * time.Second
 
 // policy returns what the agent requires of a table (proxytable.Policy):
 // node ports in --service-node-port-range, and nothing that captures the
@@ -23,38 +19,13 @@ const resolveTimeout = 5 * time.Second
 // are protected, those they take later are not (the README says so).
 func (o *Options) policy(ctx context.Context, log *slog.Logger) *proxytable.Policy {
 	r, _ := proxytable.ParsePortRange(o.NodePortRange) // Validate parsed it
-	p := &proxytable.Policy{
+	return &proxytable.Policy{
 		NodePorts:             r,
+		ControlPlanes:         capture.Resolve(ctx, o.ControlPlanes, log),
 		BindsServiceAddresses: o.ProxyMode == "ipvs",
 		NodeAddresses:         interfaceAddrs,
 		NodeAddressesAnyPort:  o.NodeAddressServicePorts,
 	}
-	for _, cp := range o.ControlPlanes {
-		host, port, err := net.SplitHostPort(cp)
-		if err != nil {
-			continue // Validate refused it
-		}
-		n, err := strconv.ParseUint(port, 10, 16)
-		if err != nil {
-			log.Warn("control plane port is not a number; tables are not checked against it", "controlPlane", cp)
-			continue
-		}
-		if a, err := netip.ParseAddr(host); err == nil {
-			p.ControlPlanes = append(p.ControlPlanes, netip.AddrPortFrom(a.WithZone(""), uint16(n)))
-			continue
-		}
-		lctx, cancel := context.WithTimeout(ctx, resolveTimeout)
-		addrs, err := net.DefaultResolver.LookupNetIP(lctx, "ip", host)
-		cancel()
-		if err != nil {
-			log.Warn("cannot resolve the control plane's name; tables are not checked against its addresses", "controlPlane", cp, "err", err)
-			continue
-		}
-		for _, a := range addrs {
-			p.ControlPlanes = append(p.ControlPlanes, netip.AddrPortFrom(a.Unmap(), uint16(n)))
-		}
-	}
-	return p
 }
 
 // interfaceAddrs lists the addresses of the network namespace the agent
@@ -73,4 +44,67 @@ func interfaceAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// maxReportedAddrs is the control plane's bound on Hello.node_addresses
+// (server.MaxNodeAddresses): a hello listing more is refused.
+const maxReportedAddrs = 64
+
+// ipvsLinks hold the service addresses IPVS binds, ours and kube-proxy's
+// (during a migration): the Services' addresses, not the node's.
+var ipvsLinks = []string{ipvs.DefaultInterface, "kube-ipvs0"}
+
+// reportedAddrs returns the node's addresses that each hello reports
+// (client.Options.NodeAddresses): those of interfaceAddrs that a Service
+// could name, its global unicast ones, with bridges such as cni0 or
+// docker0 that no Node object lists. Without them, a Service naming one
+// would be accepted by the control plane and refused by this agent, for
+// every later table.
+func reportedAddrs(log *slog.Logger) func() []string {
+	return func() []string {
+		ifaces, err := net.Interfaces()
+		if err != nil {
+			log.Warn("listing the node's addresses to report", "err", err)
+			return nil
+		}
+		return globalAddrs(ifaces, func(i net.Interface) ([]net.Addr, error) { return i.Addrs() }, log)
+	}
+}
+
+// globalAddrs returns the global unicast addresses of ifaces (but the
+// IPVS links), as addrsOf lists them: sorted, unique, at most
+// maxReportedAddrs.
+func globalAddrs(ifaces []net.Interface, addrsOf func(net.Interface) ([]net.Addr, error), log *slog.Logger) []string {
+	var all []netip.Addr
+	for _, i := range ifaces {
+		if slices.Contains(ipvsLinks, i.Name) {
+			continue
+		}
+		addrs, err := addrsOf(i)
+		if err != nil {
+			log.Warn("listing a link's addresses to report", "link", i.Name, "err", err)
+			continue
+		}
+		for _, a := range addrs {
+			n, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().IsGlobalUnicast() {
+				all = append(all, ip.Unmap())
+			}
+		}
+	}
+	slices.SortFunc(all, netip.Addr.Compare)
+	all = slices.Compact(all)
+	if len(all) > maxReportedAddrs {
+		log.Warn("the node has more addresses than a hello may report; the others are not guarded by the control plane",
+			"addresses", len(all), "reported", maxReportedAddrs)
+		all = all[:maxReportedAddrs]
+	}
+	out := make([]string, len(all))
+	for i, a := range all {
+		out[i] = a.String()
+	}
+	return out
 }

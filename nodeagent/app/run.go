@@ -56,8 +56,10 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 	// The health tracker hears of each family's syncs from the
 	// dataplane, as each of kube-proxy's proxiers reports its own.
 	health := newHealth(o, families, time.Now())
+	drift := agent.NewDriftLog()
 	dps, err := newDataplanes(o, families, func(r dataplane.SyncResult) {
 		metrics.ObserveSync(r)
+		drift.Observe(r)
 		if r.Err == nil {
 			health.Synced(r.Family, time.Now())
 		}
@@ -148,6 +150,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			NodeName:  o.NodeName,
 			Capabilities: &pb.Capabilities{
 				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: BuildVersion(),
+				// The client inflates compressed snapshot entries within
+				// MaxRecvMessageBytes.
+				ZstdEntries: true,
 			},
 			Credentials:         o.Credentials(),
 			BackoffMin:          500 * time.Millisecond,
@@ -160,6 +165,8 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 				metrics.ObserveConnected(up, now)
 				health.ControlPlane(up, now)
 			},
+			Drift:         drift.Report,
+			NodeAddresses: reportedAddrs(log),
 		}, a, log.With("component", "client"))
 	})
 	for i, s := range servers {
@@ -379,7 +386,8 @@ func healthCheckAddresses(o *Options, families []dataplane.Family) func(*pb.Node
 		var out []netip.Prefix
 		for _, f := range families {
 			// A family left out listens on all its addresses.
-			if all, cidrs := settingsFor(o, f).NodePorts(node); !all {
+			s := settingsFor(o, f)
+			if all, cidrs := s.NodePorts(s.PrimaryIPs(node)); !all {
 				out = append(out, cidrs...)
 			}
 		}

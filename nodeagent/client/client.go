@@ -78,6 +78,16 @@ type Options struct {
 	// OnConnected is told when a control plane first answers on a stream
 	// (true), and when that stream ends (false).
 	OnConnected func(bool)
+	// Drift, when set, returns the agent's drift repairs so far (nil when
+	// none) and a channel closed at the next one (agent.DriftLog.Report).
+	// The client sends them with a keepalive at the start of each stream
+	// and after each repair.
+	Drift func() (*pb.DriftReport, <-chan struct{})
+	// NodeAddresses, when set, returns the node's own addresses to report
+	// in each hello (Hello.node_addresses): the control plane then leaves
+	// them out of Services, as the agent would refuse them. It is called
+	// at the start of every stream.
+	NodeAddresses func() []string
 }
 
 var (
@@ -248,7 +258,7 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stream, err := pb.NewTableServiceClient(conn).Sync(ctx, grpc.ForceCodecV2(syncCodec))
+	stream, err := pb.NewTableServiceClient(conn).Sync(ctx, grpc.ForceCodecV2(syncCodec(o.MaxRecvMessageBytes)))
 	if err != nil {
 		return false, fmt.Errorf("opening stream to %s: %w", addr, err)
 	}
@@ -261,8 +271,27 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 	if held.Version != "" {
 		hello.EntryHashes = held.Hashes()
 	}
+	if o.NodeAddresses != nil {
+		hello.NodeAddresses = o.NodeAddresses()
+	}
 	if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Hello{Hello: hello}}); err != nil {
 		return false, err
+	}
+	// Drift repairs go right after the hello, and again after each new
+	// one; a control plane that predates them takes a keepalive.
+	var drifted <-chan struct{}
+	sendDrift := func() error {
+		var report *pb.DriftReport
+		report, drifted = o.Drift()
+		if report == nil {
+			return nil
+		}
+		return s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}, Drift: report})
+	}
+	if o.Drift != nil {
+		if err := sendDrift(); err != nil {
+			return false, err
+		}
 	}
 	log.Info("connected to control plane", "addr", addr, "heldVersion", held.Version)
 	answered := func() {
@@ -309,6 +338,10 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 			silence.Reset(o.SilenceTimeout)
 		case <-silence.C:
 			return established, errSilent
+		case <-drifted:
+			if err := sendDrift(); err != nil {
+				return established, err
+			}
 		case resp := <-tables:
 			answered()
 			if resp.err != nil {

@@ -647,3 +647,35 @@ func TestExpiredTokenReconnectsToSameReplica(t *testing.T) {
 		t.Fatal("no new stream after the token expired")
 	}
 }
+
+// TestDriftReported checks that the agent's drift repairs reach the
+// control plane on a keepalive: at the start of a stream, and at each new
+// repair.
+func TestDriftReported(t *testing.T) {
+	fakes, dial := listeners(t, "cp")
+	var mu sync.Mutex
+	report := &pb.DriftReport{Repairs: []*pb.DriftRepair{{Dataplane: "nftables", IpFamily: "IPv4", Count: 1}}}
+	changed := make(chan struct{})
+	drift := func() (*pb.DriftReport, <-chan struct{}) {
+		mu.Lock()
+		defer mu.Unlock()
+		return report, changed
+	}
+	startOpts(t, &fakeApplier{held: heldTable()}, slog.New(slog.DiscardHandler), dial, func(o *Options) { o.Drift = drift }, "cp")
+	s := accept(t, fakes["cp"])
+	if recv(t, s).GetHello() == nil {
+		t.Fatal("the first message is not a hello")
+	}
+	m := recv(t, s)
+	if m.GetKeepalive() == nil || m.GetDrift().GetRepairs()[0].GetCount() != 1 {
+		t.Fatalf("after the hello: %v; want a keepalive with the drift report", m)
+	}
+	mu.Lock()
+	report = &pb.DriftReport{Repairs: []*pb.DriftRepair{{Dataplane: "nftables", IpFamily: "IPv4", Count: 2}}}
+	close(changed)
+	changed = make(chan struct{})
+	mu.Unlock()
+	if m := recv(t, s); m.GetKeepalive() == nil || m.GetDrift().GetRepairs()[0].GetCount() != 2 {
+		t.Fatalf("after a repair: %v; want a keepalive with the new report", m)
+	}
+}

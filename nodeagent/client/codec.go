@@ -23,12 +23,20 @@ type response struct {
 
 // responseCodec decodes Sync responses into a *response itself, so that
 // bytes that are not a SyncResponse become a NACK and a reconnect rather
-// than a transport error that says nothing to the control plane. Requests
-// are encoded by the proto codec it wraps, whose name it keeps.
-type responseCodec struct{ encoding.CodecV2 }
+// than a transport error that says nothing to the control plane. It
+// inflates compressed snapshot entries first (Inflate), to at most
+// maxBytes, the bound on a response on the wire. Requests are encoded by
+// the proto codec it wraps, whose name it keeps.
+type responseCodec struct {
+	encoding.CodecV2
+	maxBytes int
+}
 
-// syncCodec is the codec the Sync stream is opened with.
-var syncCodec = responseCodec{encoding.GetCodecV2("proto")}
+// syncCodec is the codec the Sync stream is opened with, for responses of
+// at most maxBytes, inflated or not.
+func syncCodec(maxBytes int) responseCodec {
+	return responseCodec{CodecV2: encoding.GetCodecV2("proto"), maxBytes: maxBytes}
+}
 
 // Unmarshal implements encoding.CodecV2.
 func (c responseCodec) Unmarshal(data mem.BufferSlice, v any) error {
@@ -37,12 +45,27 @@ func (c responseCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.CodecV2.Unmarshal(data, v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	defer buf.Free()
 	// proto.Unmarshal copies what it keeps: the buffer can go back to
 	// the pool.
+	defer func() {
+		if buf != nil {
+			buf.Free()
+		}
+	}()
+	plain, err := Inflate(buf.ReadOnlyData(), c.maxBytes)
+	if err != nil {
+		r.err, r.nonce = fmt.Errorf("undecodable response: %w", err), topLevelNonce(buf.ReadOnlyData())
+		return nil
+	}
+	if len(plain) != buf.Len() {
+		// Inflated into a buffer of its own, with the same top-level
+		// fields: the compressed one is not needed while decoding.
+		buf.Free()
+		buf = nil
+	}
 	r.msg = &pb.SyncResponse{}
-	if err := proto.Unmarshal(buf.ReadOnlyData(), r.msg); err != nil {
-		r.msg, r.err, r.nonce = nil, fmt.Errorf("undecodable response: %w", err), topLevelNonce(buf.ReadOnlyData())
+	if err := proto.Unmarshal(plain, r.msg); err != nil {
+		r.msg, r.err, r.nonce = nil, fmt.Errorf("undecodable response: %w", err), topLevelNonce(plain)
 	}
 	return nil
 }

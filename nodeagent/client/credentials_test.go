@@ -117,6 +117,31 @@ func (l countingListener) Accept() (net.Conn, error) {
 // address "cp".
 func serveTLS(t *testing.T, cert tls.Certificate) (*tlsControlPlane, grpc.DialOption) {
 	t.Helper()
+	l := bufconn.Listen(1 << 20)
+	cp := serveTLSOn(t, cert, l)
+	return cp, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		if addr != "cp" {
+			return nil, errors.New("connection refused")
+		}
+		return l.DialContext(ctx)
+	})
+}
+
+// serveTLSLoopback serves a fake control plane with cert on a loopback
+// TCP port, and returns it with its "ip:port", as the control plane
+// reports its replicas.
+func serveTLSLoopback(t *testing.T, cert tls.Certificate) (*tlsControlPlane, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveTLSOn(t, cert, l), l.Addr().String()
+}
+
+// serveTLSOn serves a fake control plane with cert on l.
+func serveTLSOn(t *testing.T, cert tls.Certificate, l net.Listener) *tlsControlPlane {
+	t.Helper()
 	cp := &tlsControlPlane{fakeControlPlane: &fakeControlPlane{
 		streams: make(chan grpc.BidiStreamingServer[pb.SyncRequest, pb.SyncResponse], 4), done: make(chan struct{}),
 	}, cert: cert}
@@ -129,17 +154,11 @@ func serveTLS(t *testing.T, cert tls.Certificate) (*tlsControlPlane, grpc.DialOp
 			return &c, nil
 		},
 	})
-	l := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer(grpc.Creds(creds))
 	pb.RegisterTableServiceServer(gs, cp)
 	go func() { _ = gs.Serve(countingListener{Listener: l, n: &cp.accepted}) }()
 	t.Cleanup(func() { close(cp.done); gs.Stop() })
-	return cp, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		if addr != "cp" {
-			return nil, errors.New("connection refused")
-		}
-		return l.DialContext(ctx)
-	})
+	return cp
 }
 
 // files is an agent's CA and token files in a temporary directory, none
@@ -292,6 +311,49 @@ func TestUntrustedServerRefused(t *testing.T) {
 				t.Errorf("authorization %q, want [Bearer secret]", got)
 			}
 		})
+	}
+}
+
+// TestUntrustedLearnedAddressRefused: a learned address (which whoever
+// can write the control plane Service's EndpointSlices could plant) is
+// dialled first, but a server there whose certificate the bundle does not
+// trust gets neither the token nor a stream, however often the agent
+// checks it for failback; the agent connects to its seed and keeps that
+// stream.
+func TestUntrustedLearnedAddressRefused(t *testing.T) {
+	trusted, other := newCA(t, "proxyplane-ca"), newCA(t, "someone-else")
+	seed, seedAddr := serveTLSLoopback(t, trusted.serving(t, serverName, 2))
+	rogue, rogueAddr := serveTLSLoopback(t, other.serving(t, serverName, 2))
+	f := newFiles(t)
+	write(t, f.ca, trusted.pem)
+	write(t, f.token, []byte("secret"))
+	startOpts(t, &fakeApplier{held: tableLearning(rogueAddr)}, slog.New(slog.DiscardHandler), grpc.EmptyDialOption{}, func(o *Options) {
+		o.Addresses, o.Credentials = []string{seedAddr}, f.creds()
+		o.SilenceTimeout, o.FailbackInterval = time.Minute, 20*time.Millisecond
+	})
+
+	s := accept(t, seed.fakeControlPlane)
+	if got := authorization(s); len(got) != 1 || got[0] != "Bearer secret" {
+		t.Errorf("authorization %q on the seed, want [Bearer secret]", got)
+	}
+	if h := recv(t, s).GetHello(); h == nil {
+		t.Fatal("no hello on the seed")
+	}
+	if rogue.accepted.Load() == 0 {
+		t.Error("the learned address was not dialled first")
+	}
+	// Failback checks of the learned address, the preferred one: each a
+	// refused handshake.
+	n := rogue.accepted.Load()
+	waitUntil(t, "three failback checks of the learned address", func() bool { return rogue.accepted.Load() >= n+3 })
+	select {
+	case r := <-rogue.streams:
+		t.Fatalf("a stream reached the untrusted learned address, with authorization %q", authorization(r))
+	case <-s.Context().Done():
+		t.Fatal("the stream to the seed ended")
+	case again := <-seed.streams:
+		t.Fatalf("a second stream to the seed, with authorization %q", authorization(again))
+	default:
 	}
 }
 

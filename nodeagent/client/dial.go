@@ -1,10 +1,9 @@
 package client
 
 import (
-	"hash/fnv"
 	"slices"
-	"strings"
 
+	hrw "github.com/proxyplane/proxyplane/internal/rendezvous"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -32,53 +31,10 @@ func dialOrder(nodeName string, seed, learned []string) []string {
 }
 
 // rendezvous orders addrs for nodeName by highest random weight
-// (rendezvous hashing): each node and address pair gets a pseudo-random
-// weight, and a node tries the addresses by falling weight. A node always
-// starts at the same replica, so it returns to the one that knows it, and
-// nodes spread evenly over the replicas. Unlike a rotation of one list,
-// the order after the first choice is the node's own: when a replica
-// goes, its nodes spread evenly over all the others instead of all moving
-// to the next address in the list, and a replica added takes an even
-// share from every other, moving no node between two old ones.
-func rendezvous(nodeName string, addrs []string) []string {
-	type weighted struct {
-		addr   string
-		weight uint64
-	}
-	ws := make([]weighted, len(addrs))
-	for i, a := range addrs {
-		h := fnv.New64a()
-		_, _ = h.Write([]byte(nodeName))
-		_, _ = h.Write([]byte{0})
-		_, _ = h.Write([]byte(a))
-		ws[i] = weighted{a, mix64(h.Sum64())}
-	}
-	slices.SortStableFunc(ws, func(x, y weighted) int {
-		switch {
-		case x.weight > y.weight:
-			return -1
-		case x.weight < y.weight:
-			return 1
-		}
-		return strings.Compare(x.addr, y.addr)
-	})
-	out := make([]string, len(ws))
-	for i, w := range ws {
-		out[i] = w.addr
-	}
-	return out
-}
-
-// mix64 is splitmix64's finalizer. FNV alone changes little in its high
-// bits for names that differ in their last characters (node-1, node-2),
-// which would make every node rank the addresses alike.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	return x ^ x>>31
-}
+// (internal/rendezvous, which the fleet harness's simulated agents share):
+// a node always starts at the same replica, and when a replica goes its
+// nodes spread evenly over all the others.
+func rendezvous(nodeName string, addrs []string) []string { return hrw.Order(nodeName, addrs) }
 
 // LearnedAddresses returns the control plane addresses the agent learned
 // from the control plane: those of the table in force, or, before any

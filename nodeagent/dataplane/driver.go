@@ -48,8 +48,29 @@ type Backend interface {
 type DriftChecker interface {
 	// Drifted reports whether the kernel may no longer hold what the
 	// backend last wrote. It is called before a full sync, only after a
-	// successful one; an error counts as drift.
+	// successful one. After an error the Driver re-reads the kernel in
+	// Full as it does after drift, but reports no repair: it cannot say
+	// there was one.
 	Drifted(ctx context.Context) (bool, error)
+}
+
+// DriftDescriber is implemented by a DriftChecker that can say what the
+// drift it last found was, for the operator (SyncResult.DriftDetail).
+type DriftDescriber interface {
+	// DriftDetail describes what the last Drifted call that reported
+	// drift found changed, in a line; "" when it cannot say.
+	DriftDetail() string
+}
+
+// RepairReporter is implemented by a Backend that is not a DriftChecker
+// but whose full syncs notice some changes made behind its back while
+// they put them back (the iptables backend, a jump gone from a built-in
+// chain). The Driver reports them as drift.
+type RepairReporter interface {
+	// Repaired describes, in a line, what the sync under way found
+	// changed and put back; "" when nothing. The Driver asks after a
+	// successful full sync that followed a successful sync.
+	Repaired() string
 }
 
 // Cleaner is implemented by a Backend that can remove everything it and
@@ -93,8 +114,12 @@ type SyncResult struct {
 	// Driver made full counts as full.
 	Full bool
 	// Drifted reports that the backend found its rules changed behind its
-	// back and re-read the kernel.
+	// back and re-read the kernel. A drift check that failed is no repair:
+	// the kernel is re-read all the same, and DriftDetail says why.
 	Drifted bool
+	// DriftDetail says what changed, when Drifted and the backend is a
+	// DriftDescriber, or why the drift check failed, when not Drifted.
+	DriftDetail string
 	// Took is how long the sync took, Prepare included.
 	Took time.Duration
 	// Rules counts the rules per table, from a Backend that is a
@@ -163,7 +188,7 @@ func (d *Driver) Cleanup(ctx context.Context) error {
 func (d *Driver) Sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) error {
 	res := SyncResult{Mode: d.mode, Family: d.family}
 	start := time.Now()
-	res.Full, res.Drifted, res.Err = d.sync(ctx, t, changed, full)
+	res.Full, res.Drifted, res.DriftDetail, res.Err = d.sync(ctx, t, changed, full)
 	res.Took = time.Since(start)
 	if rc, ok := d.b.(RuleCounter); ok {
 		res.Rules = rc.RuleCounts()
@@ -179,23 +204,32 @@ func (d *Driver) Sync(ctx context.Context, t *proxytable.Table, changed []string
 	return res.Err
 }
 
-func (d *Driver) sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) (ranFull, drifted bool, err error) {
+func (d *Driver) sync(ctx context.Context, t *proxytable.Table, changed []string, full bool) (ranFull, drifted bool, detail string, err error) {
 	if err := ctx.Err(); err != nil {
-		return full, false, err
+		return full, false, "", err
 	}
 	if t == nil {
 		t = proxytable.Empty()
 	}
 	fp, err := d.b.Prepare(ctx, t)
 	if err != nil {
-		return full, false, err
+		return full, false, "", err
 	}
 	full = full || !d.synced || fp != d.fingerprint
 	if full && d.synced {
 		if dc, ok := d.b.(DriftChecker); ok {
-			if drifted, err = dc.Drifted(ctx); drifted || err != nil {
-				// The error itself is not the sync's: reading the kernel
-				// in Full answers the question it could not.
+			found, checkErr := dc.Drifted(ctx)
+			switch {
+			case checkErr != nil:
+				// Not the sync's error: reading the kernel in Full
+				// answers the question the check could not. Nor a
+				// repair: nothing says anyone changed the rules.
+				detail = "drift check failed: " + checkErr.Error()
+				d.b.Forget()
+			case found:
+				if dd, ok := d.b.(DriftDescriber); ok {
+					detail = dd.DriftDetail()
+				}
 				drifted = true
 				d.b.Forget()
 			}
@@ -207,8 +241,13 @@ func (d *Driver) sync(ctx context.Context, t *proxytable.Table, changed []string
 		err = d.b.Partial(ctx, t, changed)
 	}
 	if err != nil {
-		return full, drifted, err
+		return full, drifted, detail, err
+	}
+	if rr, ok := d.b.(RepairReporter); ok && full && d.synced && !drifted {
+		if what := rr.Repaired(); what != "" {
+			drifted, detail = true, what
+		}
 	}
 	d.synced, d.fingerprint = true, fp
-	return full, drifted, nil
+	return full, drifted, detail, nil
 }

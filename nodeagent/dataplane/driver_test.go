@@ -159,12 +159,14 @@ func TestDriverDrift(t *testing.T) {
 		drift     bool
 		driftErr  error
 		wantCalls []string
+		// wantDrifted: a repair is reported.
+		wantDrifted bool
 	}{
-		{"first sync: nothing to check yet", true, true, nil, []string{"prepare", "full"}},
-		{"partial: no check", false, true, nil, []string{"prepare", "partial "}},
-		{"full, no drift", true, false, nil, []string{"prepare", "drifted?", "full"}},
-		{"full, drift: the backend forgets first", true, true, nil, []string{"prepare", "drifted?", "forget", "full"}},
-		{"full, check failed: counts as drift", true, false, errors.New("no answer"), []string{"prepare", "drifted?", "forget", "full"}},
+		{"first sync: nothing to check yet", true, true, nil, []string{"prepare", "full"}, false},
+		{"partial: no check", false, true, nil, []string{"prepare", "partial "}, false},
+		{"full, no drift", true, false, nil, []string{"prepare", "drifted?", "full"}, false},
+		{"full, drift: the backend forgets first", true, true, nil, []string{"prepare", "drifted?", "forget", "full"}, true},
+		{"full, check failed: re-read, but no repair to report", true, false, errors.New("no answer"), []string{"prepare", "drifted?", "forget", "full"}, false},
 	}
 	for _, s := range steps {
 		b.calls, drift, b.driftErr = nil, s.drift, s.driftErr
@@ -174,9 +176,11 @@ func TestDriverDrift(t *testing.T) {
 		if !slices.Equal(b.calls, s.wantCalls) {
 			t.Errorf("%s: calls %q, want %q", s.name, b.calls, s.wantCalls)
 		}
-		wantDrifted := slices.Contains(s.wantCalls, "forget")
-		if got := rec[len(rec)-1].Drifted; got != wantDrifted {
-			t.Errorf("%s: observed Drifted %v, want %v", s.name, got, wantDrifted)
+		if got := rec[len(rec)-1].Drifted; got != s.wantDrifted {
+			t.Errorf("%s: observed Drifted %v, want %v", s.name, got, s.wantDrifted)
+		}
+		if s.driftErr != nil && !strings.Contains(rec[len(rec)-1].DriftDetail, s.driftErr.Error()) {
+			t.Errorf("%s: detail %q does not say why the check failed", s.name, rec[len(rec)-1].DriftDetail)
 		}
 	}
 }

@@ -249,16 +249,17 @@ func (s Settings) LocalCIDR(node *pb.NodeInfo) netip.Prefix {
 	return netip.Prefix{}
 }
 
-// NodePorts returns where NodePorts answer on node: on every local
-// address (all), or on the local addresses inside cidrs. With
+// NodePorts returns where NodePorts answer on the node whose primary
+// addresses are primary (PrimaryIPs, which a render computes once): on
+// every local address (all), or on the local addresses inside cidrs. With
 // NodePortPrimary the cidrs are the node's primary address of the family
 // as a /32 or /128, or all when it has none but loopback (upstream turns
 // "primary" into such CIDRs, and a family left without any matches all).
 // Otherwise they are the NodePortAddresses of the family, where a
-// 0.0.0.0/0 or ::/0 means all. node may be nil.
-func (s Settings) NodePorts(node *pb.NodeInfo) (all bool, cidrs []netip.Prefix) {
+// 0.0.0.0/0 or ::/0 means all.
+func (s Settings) NodePorts(primary []netip.Addr) (all bool, cidrs []netip.Prefix) {
 	if s.NodePortPrimary {
-		for _, a := range s.PrimaryIPs(node) {
+		for _, a := range primary {
 			if !a.IsLoopback() {
 				cidrs = append(cidrs, netip.PrefixFrom(a, a.BitLen()))
 			}
@@ -279,12 +280,13 @@ func (s Settings) NodePorts(node *pb.NodeInfo) (all bool, cidrs []netip.Prefix) 
 // loopback addresses, as kube-proxy's iptables proxier decides: with
 // LocalhostNodePorts, in the IPv4 family, when NodePortAddresses take
 // 127.0.0.1 in (none of the family, a /0, or a CIDR holding 127.0.0.0 or
-// a loopback address) on node. Only the iptables dataplane honours it.
-func (s Settings) LocalhostNodePortsOn(node *pb.NodeInfo) bool {
+// a loopback address) on the node whose primary addresses are primary.
+// Only the iptables dataplane honours it.
+func (s Settings) LocalhostNodePortsOn(primary []netip.Addr) bool {
 	if !s.LocalhostNodePorts || s.Family != IPv4 {
 		return false
 	}
-	all, cidrs := s.NodePorts(node)
+	all, cidrs := s.NodePorts(primary)
 	return all || slices.ContainsFunc(cidrs, func(p netip.Prefix) bool {
 		return p.Overlaps(loopback4)
 	})

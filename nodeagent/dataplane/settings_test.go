@@ -93,7 +93,7 @@ func TestNodePortsPrimary(t *testing.T) {
 			if err := s.Validate(); err != nil {
 				t.Fatalf("Validate: %v", err)
 			}
-			all, cidrs := s.NodePorts(tt.node)
+			all, cidrs := s.NodePorts(s.PrimaryIPs(tt.node))
 			var got []string
 			for _, c := range cidrs {
 				got = append(got, c.String())
@@ -153,7 +153,7 @@ func TestLocalhostNodePorts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Validate: %v", err)
 			}
-			if got := s.LocalhostNodePortsOn(node); got != tt.want {
+			if got := s.LocalhostNodePortsOn(s.PrimaryIPs(node)); got != tt.want {
 				t.Errorf("LocalhostNodePortsOn = %v, want %v", got, tt.want)
 			}
 		})

@@ -220,6 +220,14 @@ var (
 		Namespace: "proxyplane_agent", Name: "healthcheck_errors_total",
 		Help: "Health check server updates that could not serve every healthCheckNodePort.",
 	})
+	// DriftRepairsTotal counts the rules someone else changed on the node
+	// (another proxy, a CNI, an operator) that a drift check found and a
+	// full sync put back, per IP family. The agent reports them to the
+	// control plane too (ListNodes, controlplane status).
+	DriftRepairsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "proxyplane_agent", Name: "drift_repairs_total",
+		Help: "Rules changed behind the agent's back (tables, chains, sets removed or added) that a drift check found and a full sync put back.",
+	}, []string{labelFamily})
 	// LeftoverObjectsRemovedTotal counts what the agent removed, after its
 	// first successful sync, of the rules other modes and iptables
 	// backends left on the node (chains, jumps, tables, virtual servers,
@@ -262,7 +270,7 @@ func Register(r prometheus.Registerer, mode string) {
 	}
 	r.MustRegister(ConntrackReconcilerSyncDuration, ConntrackReconcilerDeletedEntriesTotal)
 	r.MustRegister(Connected, ControlPlaneLastAnsweredTimestamp, AppliedVersion, CacheSavedTimestamp, NacksTotal, HealthCheckErrorsTotal)
-	r.MustRegister(LeftoverObjectsRemovedTotal, LeftoverCleanupErrorsTotal)
+	r.MustRegister(LeftoverObjectsRemovedTotal, LeftoverCleanupErrorsTotal, DriftRepairsTotal)
 }
 
 // lastAnswered is what ControlPlaneLastAnsweredTimestamp reads.

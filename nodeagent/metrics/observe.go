@@ -33,6 +33,9 @@ func ObserveSync(r dataplane.SyncResult) {
 	}
 	if r.Err == nil {
 		SyncProxyRulesLastTimestamp.WithLabelValues(family).SetToCurrentTime()
+		if r.Drifted {
+			DriftRepairsTotal.WithLabelValues(family).Inc()
+		}
 		return
 	}
 	switch r.Mode {

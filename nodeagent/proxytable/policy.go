@@ -1,47 +1,25 @@
 package proxytable
 
 import (
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
-	"strings"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/capture"
 	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // PortRange is an inclusive range of ports, as the API server's
 // --service-node-port-range.
-type PortRange struct {
-	// Base is the first port, Size how many there are.
-	Base, Size int32
-}
+type PortRange = capture.PortRange
 
 // DefaultNodePortRange is the API server's default --service-node-port-range.
-var DefaultNodePortRange = PortRange{Base: 30000, Size: 2768}
+var DefaultNodePortRange = capture.DefaultNodePortRange
 
 // ParsePortRange parses "min-max" (or a single port), as the API server
 // parses --service-node-port-range.
-func ParsePortRange(s string) (PortRange, error) {
-	lo, hi, found := strings.Cut(strings.TrimSpace(s), "-")
-	if !found {
-		hi = lo
-	}
-	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
-	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 16)
-	if err := errors.Join(err1, err2); err != nil || a < 1 || b < a {
-		return PortRange{}, fmt.Errorf("port range %q: want min-max within 1-65535", s)
-	}
-	return PortRange{Base: int32(a), Size: int32(b - a + 1)}, nil
-}
-
-// Contains reports whether p is in r.
-func (r PortRange) Contains(p int32) bool { return p >= r.Base && p < r.Base+r.Size }
-
-// String renders r as ParsePortRange reads it.
-func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Base, r.Base+r.Size-1) }
+func ParsePortRange(s string) (PortRange, error) { return capture.ParsePortRange(s) }
 
 // Policy is what the node agent requires of a table beyond the API
 // server's rules (ValidateEntry): that every hash is its content's, and
@@ -87,13 +65,23 @@ type Policy struct {
 // A caller passing keys must pass nil when t's control plane addresses
 // changed: every entry is then checked against the new ones.
 // The error is a *ValidationError, pinned to entries where it can be.
-func (p *Policy) Check(t *Table, keys []string) error {
+func (p *Policy) Check(t *Table, keys []string) error { return p.check(t, keys, true) }
+
+// CheckVerified is Check of every entry of a table whose hashes
+// VerifyHashes has found right already (the cache verifies them when it
+// loads a table): they are not recomputed, which is most of Check's cost.
+func (p *Policy) CheckVerified(t *Table) error { return p.check(t, nil, false) }
+
+// check is Check, recomputing the hashes when hashes is set.
+func (p *Policy) check(t *Table, keys []string, hashes bool) error {
 	if p == nil {
 		return nil
 	}
 	ve := &ValidationError{}
-	if err := checkNodeHash(t.Node); err != nil {
-		ve.Table = append(ve.Table, err)
+	if hashes {
+		if err := checkNodeHash(t.Node); err != nil {
+			ve.Table = append(ve.Table, err)
+		}
 	}
 	var node []netip.Addr
 	if p.NodeAddresses != nil {
@@ -112,7 +100,10 @@ func (p *Policy) Check(t *Table, keys []string) error {
 		ve.Table = append(ve.Table, err)
 	}
 	check := func(e *pb.ServiceEntry) {
-		err := checkEntryHash(e)
+		var err error
+		if hashes {
+			err = checkEntryHash(e)
+		}
 		if err == nil {
 			err = p.checkService(e.GetService(), cps, node)
 		}
@@ -198,11 +189,13 @@ func (p *Policy) controlPlanes(n *pb.NodeInfo) []netip.AddrPort {
 	return cps
 }
 
-func (p *Policy) nodePorts() PortRange {
-	if p.NodePorts.Size == 0 {
-		return DefaultNodePortRange
+// rules is p's settings as package capture takes them.
+func (p *Policy) rules() capture.Rules {
+	return capture.Rules{
+		NodePorts:             p.NodePorts,
+		BindsServiceAddresses: p.BindsServiceAddresses,
+		NodeAddressesAnyPort:  p.NodeAddressesAnyPort,
 	}
-	return p.NodePorts
 }
 
 // checkServiceCIDRs refuses service CIDRs holding an address the node
@@ -231,7 +224,8 @@ func (p *Policy) checkServiceCIDRs(cidrs []string, cps []netip.AddrPort, node []
 
 // checkService applies the policy to one Service.
 func (p *Policy) checkService(s *pb.Service, cps []netip.AddrPort, node []netip.Addr) error {
-	r := p.nodePorts()
+	rules := p.rules()
+	r := rules.NodePortRange()
 	if hc := s.GetHealthCheckNodePort(); hc != 0 && !r.Contains(hc) {
 		return fmt.Errorf("healthCheckNodePort %d outside the node port range %s", hc, r)
 	}
@@ -254,53 +248,26 @@ func (p *Policy) checkService(s *pb.Service, cps []netip.AddrPort, node []netip.
 			}
 		}
 	}
+	var buf [8]int32 // on the stack for most Services: Check runs per entry
+	ports := buf[:0]
+	for _, sp := range s.GetPorts() {
+		ports = append(ports, sp.GetPort())
+	}
 	for _, f := range []struct {
-		what string
+		kind capture.Kind
 		list []string
-		// anyPort: the dataplane captures the address on every port, a
-		// control plane's address (bound, it becomes local: IPVS binds
-		// every service address) or the node's own too (nftables
-		// rejects traffic to a cluster IP on ports no Service serves).
-		cpAnyPort, nodeAnyPort bool
 	}{
-		{"cluster IP", s.GetClusterIps(), true, true},
-		{"external IP", s.GetExternalIps(), p.BindsServiceAddresses, false},
-		{"load balancer IP", s.GetLoadBalancerIps(), p.BindsServiceAddresses, false},
+		{capture.ClusterIP, s.GetClusterIps()},
+		{capture.ExternalIP, s.GetExternalIps()},
+		{capture.LoadBalancerIP, s.GetLoadBalancerIps()},
 	} {
 		for _, ip := range f.list {
 			a, err := netip.ParseAddr(ip)
 			if err != nil {
 				continue // ValidateEntry reports it
 			}
-			a = a.Unmap()
-			for _, cp := range cps {
-				if a != cp.Addr().Unmap() {
-					continue
-				}
-				if f.cpAnyPort {
-					return fmt.Errorf("%s %s is control plane address %s", f.what, ip, cp)
-				}
-				for _, sp := range s.GetPorts() {
-					if sp.GetPort() == int32(cp.Port()) {
-						return fmt.Errorf("%s %s port %d captures control plane address %s", f.what, ip, sp.GetPort(), cp)
-					}
-				}
-			}
-			for _, n := range node {
-				if a != n {
-					continue
-				}
-				if f.nodeAnyPort {
-					return fmt.Errorf("%s %s is an address of the node", f.what, ip)
-				}
-				if p.NodeAddressesAnyPort {
-					continue
-				}
-				for _, sp := range s.GetPorts() {
-					if !r.Contains(sp.GetPort()) {
-						return fmt.Errorf("%s %s is an address of the node, and port %d is outside the node port range %s", f.what, ip, sp.GetPort(), r)
-					}
-				}
+			if err := rules.Address(f.kind, a.Unmap(), ports, cps, node); err != nil {
+				return err
 			}
 		}
 	}

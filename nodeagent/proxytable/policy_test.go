@@ -18,8 +18,8 @@ func TestParsePortRange(t *testing.T) {
 		ok   bool
 	}{
 		{"30000-32767", DefaultNodePortRange, true},
-		{"30000-65535", PortRange{30000, 35536}, true},
-		{"8080", PortRange{8080, 1}, true},
+		{"30000-65535", PortRange{Base: 30000, Size: 35536}, true},
+		{"8080", PortRange{Base: 8080, Size: 1}, true},
 		{"0-100", PortRange{}, false},
 		{"200-100", PortRange{}, false},
 		{"1-65536", PortRange{}, false},
@@ -79,9 +79,9 @@ func TestPolicy(t *testing.T) {
 		{name: "honest", policy: p},
 		{name: "nil policy", policy: nil, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }},
 		{name: "nodePort 22", policy: p, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }, want: "node port range"},
-		{name: "nodePort in a wider range", policy: &Policy{NodePorts: PortRange{20, 100}}, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }},
+		{name: "nodePort in a wider range", policy: &Policy{NodePorts: PortRange{Base: 20, Size: 100}}, svc: func(s *pb.Service) { s.Ports[0].NodePort = 22 }},
 		{name: "healthCheckNodePort 2379", policy: p, svc: func(s *pb.Service) { s.HealthCheckNodePort = 2379 }, want: "node port range"},
-		{name: "nodePort on the control plane's port", policy: &Policy{NodePorts: PortRange{9000, 1000}, ControlPlanes: p.ControlPlanes}, svc: func(s *pb.Service) { s.Ports[0].NodePort = 9640 }, want: "control plane port"},
+		{name: "nodePort on the control plane's port", policy: &Policy{NodePorts: PortRange{Base: 9000, Size: 1000}, ControlPlanes: p.ControlPlanes}, svc: func(s *pb.Service) { s.Ports[0].NodePort = 9640 }, want: "control plane port"},
 		{name: "external IP on the control plane", policy: p, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.10"}; s.Ports[0].Port = 9640 }, want: "control plane"},
 		{name: "external IP on the control plane address, other port", policy: p, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.10"}; s.Ports[0].Port = 80 }},
 		{name: "same in IPVS mode, which binds it", policy: &ipvs, svc: func(s *pb.Service) { s.ExternalIps = []string{"192.0.2.10"}; s.Ports[0].Port = 80 }, want: "control plane"},
@@ -130,5 +130,18 @@ func TestVerifyHashes(t *testing.T) {
 	err = VerifyHashes(bad)
 	if ee := EntryErrors(err); len(ee) != 1 || ee[0].GetKey() != "default/web" {
 		t.Errorf("VerifyHashes = %v, want an entry error for default/web", err)
+	}
+	// Check finds the forgery too; CheckVerified, for a table whose
+	// hashes were verified already, applies the policy alone.
+	p := &Policy{ControlPlanes: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.10:9640")}}
+	if err := p.Check(bad, nil); err == nil {
+		t.Error("Check accepted a forged entry")
+	}
+	if err := p.CheckVerified(bad); err != nil {
+		t.Errorf("CheckVerified recomputed the hashes: %v", err)
+	}
+	capturing := entry("web", 0, func(s *pb.Service) { s.ClusterIps = []string{"192.0.2.10"} })
+	if err := p.CheckVerified(honest(t, &pb.NodeInfo{Name: "node-1"}, capturing)); err == nil || !strings.Contains(err.Error(), "control plane") {
+		t.Errorf("CheckVerified = %v, want the policy applied", err)
 	}
 }

@@ -57,6 +57,9 @@ func TestFromSnapshot(t *testing.T) {
 		{"empty table", snap(), "", true},
 		{"version does not add up", &pb.Snapshot{Version: "0000000000000001", Node: node, Entries: []*pb.ServiceEntry{entry("a", 1)}}, "", false},
 		{"version not hex", &pb.Snapshot{Version: "zzzzzzzzzzzzzzzz", Node: node}, "", false},
+		// The client inflates compressed entries before decoding; ones left
+		// over are refused even where what is plain adds up.
+		{"compressed entries not inflated", &pb.Snapshot{Version: sum(entry("a", 1)), Node: node, Entries: []*pb.ServiceEntry{entry("a", 1)}, ZstdEntries: [][]byte{{0x28, 0xb5, 0x2f, 0xfd}}}, "", false},
 		{"no node", &pb.Snapshot{Version: sum()}, "", false},
 		{"service CIDRs", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.0/16", "fd00:96::/112"} }), "", true},
 		{"service CIDR not a prefix", withNode(snap(), func(n *pb.NodeInfo) { n.ServiceCidrs = []string{"10.96.0.1"} }), "", false},

@@ -145,11 +145,14 @@ func (s *Setter) Apply(ctx context.Context, c Conntrack) error {
 			continue
 		}
 		if err := s.ensure(ctx, w.path, w.v); err != nil {
-			return err
+			return fmt.Errorf("%s: %w", conntrackWhy, err)
 		}
 	}
 	return nil
 }
+
+// conntrackWhy prefixes Apply's errors.
+const conntrackWhy = "setting conntrack parameters from the kube-proxy configuration"
 
 // setMax sets nf_conntrack_max to limit (0 leaves it), and grows the
 // hashsize to a quarter of it, the kernel's own ratio, when smaller:
@@ -165,7 +168,7 @@ func (s *Setter) setMax(ctx context.Context, limit int) error {
 		return nil
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: %w", conntrackWhy, err)
 	}
 	hashsize, err := s.k.ReadInt(ConntrackHashsize)
 	if err != nil {
@@ -186,16 +189,14 @@ func (s *Setter) setMax(ctx context.Context, limit int) error {
 	return nil
 }
 
-// ensure writes v to path unless it holds v already.
+// ensure writes v to path unless it holds v already; its error is
+// WriteInt's, for the caller to say why it wrote.
 func (s *Setter) ensure(ctx context.Context, path string, v int) error {
 	if cur, err := s.k.ReadInt(path); err == nil && cur == v {
 		return nil
 	}
 	s.log.InfoContext(ctx, "setting sysctl", "path", path, "value", v)
-	if err := s.k.WriteInt(path, v); err != nil {
-		return fmt.Errorf("setting conntrack parameters from the kube-proxy configuration: %w", err)
-	}
-	return nil
+	return s.k.WriteInt(path, v)
 }
 
 // Setting is a sysctl and the value a proxy mode needs it to hold.
@@ -212,11 +213,7 @@ type Setting struct {
 // agent's /proc/sys is read-only.
 func (s *Setter) Set(ctx context.Context, settings []Setting) error {
 	for _, st := range settings {
-		if cur, err := s.k.ReadInt(st.Path); err == nil && cur == st.Value {
-			continue
-		}
-		s.log.InfoContext(ctx, "setting sysctl", "path", st.Path, "value", st.Value)
-		if err := s.k.WriteInt(st.Path, st.Value); err != nil {
+		if err := s.ensure(ctx, st.Path, st.Value); err != nil {
 			return fmt.Errorf("setting a sysctl the proxy mode needs: %w", err)
 		}
 	}

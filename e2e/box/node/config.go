@@ -120,6 +120,10 @@ func cniConfig(podCIDR, gateway string) (string, error) {
 // kubeletConfig renders the KubeletConfiguration. Settings with a reason
 // beyond the obvious say it.
 func kubeletConfig(cfg Config, cgroupRoot string) string {
+	x509 := ""
+	if len(cfg.ClientCA) > 0 {
+		x509 = "  x509:\n    clientCAFile: " + filepath.Join(cfg.Dir, "kubelet", "client-ca.crt") + "\n"
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroups are v1 here; without this: "kubelet is configured to not run on a
@@ -133,12 +137,15 @@ containerRuntimeEndpoint: unix://%s
 address: %s
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
+# Bearer tokens reviewed by the API server, and client certificates of
+# Config.ClientCA (none when it is empty): the API server's own, for
+# logs and exec.
 authentication:
   anonymous:
     enabled: false
   webhook:
     enabled: true
-authorization:
+%sauthorization:
   mode: Webhook
 # No cluster DNS runs in the box, and the host's resolv.conf is not the
 # pods' business.
@@ -156,7 +163,7 @@ evictionHard:
 volumePluginDir: %s/volume-plugins
 # The node's containers stop within the box's waits.
 shutdownGracePeriod: 0s
-`, cgroupRoot, socketPath(cfg.Dir), cfg.NodeIP, kubeletRoot)
+`, cgroupRoot, socketPath(cfg.Dir), cfg.NodeIP, x509, kubeletRoot)
 }
 
 // labelsFlag renders labels as --node-labels wants them, sorted.

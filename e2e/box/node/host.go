@@ -268,6 +268,12 @@ func (n *Node) Close(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if n.mntNSRef != nil {
+		// The namespace, and every mount in it, goes now: its number may
+		// name another namespace from here on.
+		_ = n.mntNSRef.Close()
+		n.mntNSRef = nil
+	}
 	if err := removeCgroups(n.cgroupRoot); err != nil {
 		errs = append(errs, err)
 	}
@@ -309,7 +315,9 @@ func (n *Node) Close(ctx context.Context) error {
 // returns nil; its checks are the teardown's proof.
 func (n *Node) Check() error {
 	var errs []error
-	if n.mntNS != "" {
+	// Once Close let the namespace go, its number may name another: Close
+	// saw it empty before letting it go.
+	if n.mntNS != "" && !n.closed {
 		if pids := mntNSPIDs(n.mntNS); len(pids) > 0 {
 			errs = append(errs, fmt.Errorf("processes left in the node's mount namespace: %v", pids))
 		}

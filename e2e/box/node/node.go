@@ -61,6 +61,10 @@ type Config struct {
 	APIServerName string
 	// APIServerCA is the PEM the API server's certificate must chain to.
 	APIServerCA []byte
+	// ClientCA, when set, is the PEM of the CA whose client certificates
+	// the kubelet's own server accepts: the API server's
+	// --kubelet-client-certificate, for logs, exec and port-forward.
+	ClientCA []byte
 	// Token is the kubelet's bearer token: a user system:node:<Name> in
 	// group system:nodes (see TokenRecord).
 	Token string
@@ -135,9 +139,12 @@ type Node struct {
 	kubeletExited    <-chan struct{}
 	// mntNS identifies the node's mount namespace (its /proc/PID/ns/mnt
 	// link), which containerd, its shims and the kubelet share.
-	mntNS   string
-	podCIDR netip.Prefix
-	closed  bool
+	mntNS string
+	// mntNSRef keeps that namespace, and so its identity, alive until
+	// Close.
+	mntNSRef *os.File
+	podCIDR  netip.Prefix
+	closed   bool
 	// readyCondition is the Node's Ready condition as last seen, for
 	// errors.
 	readyCondition string
@@ -217,6 +224,9 @@ func (n *Node) writeFiles() error {
 	files := map[string]string{
 		"containerd/config.toml": containerdConfig(d, n.cfg.PauseImage),
 		"kubelet/config.yaml":    kubeletConfig(n.cfg, n.cgroupRoot),
+	}
+	if len(n.cfg.ClientCA) > 0 {
+		files["kubelet/client-ca.crt"] = string(n.cfg.ClientCA)
 	}
 	for name, val := range sysctls {
 		files[filepath.Join(hostSysctl, strings.ReplaceAll(name, "/", "."))] = val + "\n"
@@ -349,6 +359,13 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if own, _ := os.Readlink("/proc/self/ns/mnt"); own == ns {
 		return errors.New("containerd runs in the test's own mount namespace: unshare did not make one")
 	}
+	// Held open until Close has killed every process in it: a freed
+	// namespace's inode number can be reused at once by a new one (every
+	// `ip -n` makes one), and Close, matching processes by that number,
+	// would kill whatever runs there.
+	if n.mntNSRef, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)); err != nil {
+		return fmt.Errorf("holding containerd's mount namespace: %w", err)
+	}
 	n.mntNS = ns
 	return nil
 }
@@ -359,6 +376,28 @@ func (n *Node) ctr(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return exec.CommandContext(ctx, "ctr", append([]string{"--address", socketPath(n.cfg.Dir), "--namespace", "k8s.io"}, args...)...).CombinedOutput()
+}
+
+// HostPath returns where a path under /var/lib, /var/log or /run, as the
+// node's processes (and its pods' hostPath volumes) see it, is on the
+// machine; other paths are returned as they are.
+func (n *Node) HostPath(p string) string {
+	for prefix, dir := range map[string]string{"/var/lib": hostVarLib, "/var/log": hostVarLog, "/run": hostRun} {
+		if rest, ok := strings.CutPrefix(p, prefix); ok && (rest == "" || rest[0] == '/') {
+			return filepath.Join(n.cfg.Dir, dir, rest)
+		}
+	}
+	return p
+}
+
+// TagImage gives image src the further name dst in the node's
+// containerd, as a push of a new tag to a registry would: a workload
+// changed to dst then rolls without any pull.
+func (n *Node) TagImage(ctx context.Context, src, dst string) error {
+	if out, err := n.ctr(ctx, "images", "tag", "--force", src, dst); err != nil {
+		return fmt.Errorf("tagging %s as %s on %s: %w: %s", src, dst, n.cfg.Name, err, out)
+	}
+	return nil
 }
 
 func (n *Node) startKubelet() error {

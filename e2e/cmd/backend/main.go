@@ -6,7 +6,14 @@
 //   - TCP, --port: each line read is answered "<name> <remote ip:port>\n",
 //     until the client closes or stays idle for --idle-timeout;
 //   - UDP, --port: each datagram is answered the same way;
-//   - HTTP, --http-port: GET / answers the same line, /healthz "ok".
+//   - HTTP, --http-port: GET / answers the same line, /healthz "ok",
+//     /probes the counts of --probe.
+//
+// With --probe=HOST:PORT (repeatable) it is also a client: every
+// --probe-interval it opens a new TCP connection to each target, sends a
+// line and reads the answer, and counts successes and failures, so a
+// test can watch a Service from inside a pod while it rolls or drains
+// what carries it.
 //
 // The name is --name, else $POD_NAME (the Downward API), else the host
 // name. On SIGTERM it goes on serving for --drain, as a pod whose endpoint
@@ -43,6 +50,8 @@ func main() {
 	name := fs.String("name", "", "name in every answer (default $POD_NAME, else the host name)")
 	drain := fs.Duration("drain", 5*time.Second, "how long to go on serving after SIGTERM before closing the listeners")
 	idle := fs.Duration("idle-timeout", 30*time.Second, "how long a TCP connection may stay idle")
+	probes := fs.StringArray("probe", nil, "HOST:PORT to probe over TCP every --probe-interval (repeatable); GET /probes reports the counts")
+	probeInterval := fs.Duration("probe-interval", 100*time.Millisecond, "time between two probes of a target")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
@@ -55,7 +64,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, log, config{name: *name, port: *port, httpPort: *httpPort, drain: *drain, idle: *idle}); err != nil {
+	if err := run(ctx, log, config{name: *name, port: *port, httpPort: *httpPort, drain: *drain, idle: *idle, probes: *probes, probeInterval: *probeInterval}); err != nil {
 		log.Error("backend failed", "err", err)
 		os.Exit(1)
 	}
@@ -65,6 +74,8 @@ type config struct {
 	name           string
 	port, httpPort int
 	drain, idle    time.Duration
+	probes         []string
+	probeInterval  time.Duration
 }
 
 // run serves until ctx ends, then drains and returns.
@@ -79,6 +90,7 @@ func run(ctx context.Context, log *slog.Logger, c config) error {
 		_ = ln.Close()
 		return fmt.Errorf("listening on udp %s: %w", addr, err)
 	}
+	p := newProber(c.probes)
 	var hs *http.Server
 	var hln net.Listener
 	if c.httpPort != 0 {
@@ -87,7 +99,7 @@ func run(ctx context.Context, log *slog.Logger, c config) error {
 			_, _ = ln.Close(), pc.Close()
 			return fmt.Errorf("listening on tcp %s: %w", haddr, err)
 		}
-		hs = &http.Server{Handler: handler(c.name), ReadHeaderTimeout: c.idle, IdleTimeout: c.idle}
+		hs = &http.Server{Handler: handler(c.name, p), ReadHeaderTimeout: c.idle, IdleTimeout: c.idle}
 	}
 	log.Info("serving", "name", c.name, "port", c.port, "http-port", c.httpPort)
 
@@ -97,6 +109,7 @@ func run(ctx context.Context, log *slog.Logger, c config) error {
 	if hs != nil {
 		wg.Go(func() { _ = hs.Serve(hln) })
 	}
+	wg.Go(func() { p.run(ctx, c.probeInterval) })
 
 	<-ctx.Done()
 	log.Info("terminating: serving on while endpoints are withdrawn", "drain", c.drain)
@@ -159,9 +172,11 @@ func serveUDP(pc net.PacketConn, name string) {
 	}
 }
 
-// handler serves the answer line on / and "ok" on /healthz.
-func handler(name string) http.Handler {
+// handler serves the answer line on /, "ok" on /healthz and p's counts on
+// /probes.
+func handler(name string, p *prober) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /probes", p)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})

@@ -66,7 +66,7 @@ func TestAnswers(t *testing.T) {
 		t.Errorf("UDP answer = %q, %v; want %q", buf[:n], err, want)
 	}
 
-	srv := httptest.NewServer(handler("pod-a"))
+	srv := httptest.NewServer(handler("pod-a", newProber(nil)))
 	defer srv.Close()
 	resp, err := srv.Client().Get(srv.URL + "/")
 	if err != nil {

@@ -1,13 +1,15 @@
 // Command demo runs proxyplane as a cluster in a box until interrupted:
 // the README's first command, `make demo` (as root).
 //
-// It starts e2e/box: a real API server with deploy/ applied, two control
-// plane replicas running as deploy/'s ServiceAccount, a node agent in each
-// of three node namespaces and two backend pods per node. It then creates
-// two sample Services, shows a request through a ClusterIP and a NodePort,
-// prints every node's sync status and the commands to watch them
-// (controlplane status, grpcurl), and waits. Ctrl-C removes everything it
-// created.
+// It starts e2e/box on real nodes: a real API server, controller manager
+// and scheduler, and three nodes each running containerd and a kubelet
+// in a network namespace of its own, with deploy/ applied, so that the
+// control plane runs as the Deployment's two pods and the agents as the
+// DaemonSet's pods, from the images `make images` built. It then runs a
+// backend Deployment behind two sample Services, shows a request through
+// a ClusterIP and a NodePort, prints every node's sync status and the
+// commands to look around (kubectl, controlplane status, grpcurl), and
+// waits. Ctrl-C removes everything it created.
 package main
 
 import (
@@ -24,6 +26,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/proxyplane/proxyplane/e2e/box"
 	"github.com/proxyplane/proxyplane/internal/nstest"
@@ -40,9 +44,9 @@ func keepWritingAfterReaderGoes() {
 	signal.Ignore(syscall.SIGPIPE)
 }
 
-// startTimeout bounds bringing the box up; the API server alone takes a
-// few seconds, the first tables a few more.
-const startTimeout = 3 * time.Minute
+// startTimeout bounds bringing the box up: about a minute on an idle
+// 2-core machine (nodes Ready in 15 s, deploy/'s pods in 35 s more).
+const startTimeout = 6 * time.Minute
 
 func main() {
 	os.Exit(run())
@@ -77,8 +81,8 @@ func run() (code int) {
 	startCtx, startCancel := context.WithTimeout(ctx, startTimeout)
 	defer startCancel()
 
-	fmt.Println("starting a cluster in a box: API server, deploy/, 2 control planes, 3 node agents ...")
-	b, err := box.Start(startCtx, tb, box.Options{})
+	fmt.Println("starting a cluster in a box: API server, controllers, 3 nodes with containerd and a kubelet, deploy/ applied ...")
+	b, err := box.Start(startCtx, tb, box.Options{Kubelets: true})
 	if err != nil {
 		tb.Errorf("%v", err)
 		return 1
@@ -92,37 +96,41 @@ func run() (code int) {
 	return 0
 }
 
-// show creates the sample Services and prints what a user wants to see.
+// show runs the sample backends and Services and prints what a user
+// wants to see.
 func show(ctx context.Context, w io.Writer, b *box.Box) error {
 	out := &printer{w: w}
 	tp := b.Topology()
-	web, _, err := b.CreateService(ctx, box.NewService("web"), allPods(tp)...)
-	if err != nil {
-		return err
+	admin := b.Admin()
+	web := box.BackendDeployment("web", 3, "")
+	labels := web.Spec.Selector.MatchLabels
+	if _, err := admin.AppsV1().Deployments(box.Namespace).Create(ctx, web, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating the web Deployment: %w", err)
 	}
-	np := box.NewService("web-nodeport")
-	np.Spec.Type = corev1.ServiceTypeNodePort
-	np, _, err = b.CreateService(ctx, np, 1, 3)
+	svc, err := admin.CoreV1().Services(box.Namespace).Create(ctx, service("web", corev1.ServiceTypeClusterIP, labels), metav1.CreateOptions{})
 	if err != nil {
-		return err
+		return fmt.Errorf("creating Service web: %w", err)
+	}
+	np, err := admin.CoreV1().Services(box.Namespace).Create(ctx, service("web-nodeport", corev1.ServiceTypeNodePort, labels), metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating Service web-nodeport: %w", err)
 	}
 	nodePort := int(np.Spec.Ports[0].NodePort)
 
-	out.f("\nServices (in namespace %s):\n", box.Namespace)
-	out.f("  web           ClusterIP %s  -> every pod\n", strings.Join(web.Spec.ClusterIPs, ", "))
-	out.f("  web-nodeport  NodePort  %d      -> pod-1 (node-0), pod-3 (node-1)\n", nodePort)
+	out.f("\nServices (in namespace %s), both in front of Deployment web's 3 pods:\n", box.Namespace)
+	out.f("  web           ClusterIP %s\n", svc.Spec.ClusterIP)
+	out.f("  web-nodeport  NodePort  %d\n", nodePort)
 
-	clusterAddr := box.ClusterAddr(web)
+	clusterAddr := box.ClusterAddr(svc)
 	nodeAddr := nstest.HostPort(tp.Node(1).IP(), nodePort)
-	if err := b.WaitTraffic(ctx, tp.ClientNS(), clusterAddr, ""); err != nil {
-		return err
-	}
-	if err := b.WaitTraffic(ctx, tp.ClientNS(), nodeAddr, ""); err != nil {
-		return err
+	for _, addr := range []string{clusterAddr, nodeAddr} {
+		if err := b.WaitTraffic(ctx, tp.ClientNS(), addr, ""); err != nil {
+			return err
+		}
 	}
 	out.f("\nRequests (each answered by the pod's name and the source address it saw):\n")
 	for _, req := range []struct{ from, fromNS, addr string }{
-		{"pod-0", tp.PodNS(0), clusterAddr},
+		{"node-2", tp.Node(2).NS(), clusterAddr},
 		{"client", tp.ClientNS(), clusterAddr},
 		{"client", tp.ClientNS(), nodeAddr},
 	} {
@@ -158,36 +166,70 @@ func show(ctx context.Context, w io.Writer, b *box.Box) error {
 		return err
 	}
 
+	kubeconfig, err := b.KubeconfigOnLoopback(ctx)
+	if err != nil {
+		return err
+	}
+	kubectl := "kubectl"
+	if dir, err := box.FindBinDir(); err == nil && fileExists(filepath.Join(dir, "kubectl")) {
+		kubectl = filepath.Join(dir, "kubectl")
+	}
+	out.f("\nLook around (in another terminal, as root):\n")
+	out.f("  export KUBECONFIG=%s\n", kubeconfig)
+	out.f("  %s get pods -A -o wide                 # the control plane and agent pods, the backends\n", kubectl)
+	out.f("  %s -n %s logs ds/proxyplane-nodeagent   # an agent's log\n", kubectl, b.Deployment().Namespace)
+	out.f("  %s get endpointslices -n %s\n", kubectl, box.Namespace)
+
 	grpcurl := b.GRPCurl()
 	if grpcurl == "" {
 		grpcurl = "grpcurl"
 	}
-	cp := b.ControlPlanes[0].LocalGRPCAddr()
+	// From host-0, a machine on the nodes' LAN, to the replicas' pods on
+	// the control-plane nodes.
 	in := "ip netns exec " + b.HostNS() + " "
 	var replicas []string
 	for _, c := range b.ControlPlanes {
-		replicas = append(replicas, c.LocalGRPCAddr())
+		replicas = append(replicas, c.GRPCAddr())
 	}
+	cp := replicas[0]
 	// TLS against the CA bundle the control plane published, for the
 	// name its certificate carries, and the token of an identity allowed
 	// to read tables (it may list EndpointSlices).
 	auth := b.GRPCurlShellArgs()
-	out.f("\nWatch it (as root, in another terminal; TLS and a token of %s, which may list EndpointSlices):\n", box.DebugServiceAccount)
+	out.f("\nWatch the control plane (TLS and a token of %s, which may list EndpointSlices):\n", box.DebugServiceAccount)
 	out.f("  %s%s   # every node: replica, acked version, lag, last NACK\n", in, statusCommand(b, replicas))
-	for _, addr := range replicas {
-		out.f("  %s%s %s %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, auth, addr)
-	}
+	out.f("  %s%s --node node-0 --service %s/web   # node-0's entry for web and why: endpoints, topology, policies, acknowledged\n",
+		in, strings.Replace(statusCommand(b, replicas), " status ", " explain ", 1), box.Namespace)
+	out.f("  %s%s %s %s proxyplane.v1.TableService/ListNodes\n", in, grpcurl, auth, cp)
+	out.f("  %s%s %s -d '{\"node_name\": \"node-0\", \"namespace\": \"%s\", \"name\": \"web\"}' %s proxyplane.v1.TableService/Explain\n",
+		in, grpcurl, auth, box.Namespace, cp)
 	out.f("  %s%s %s -d '{\"node_name\": \"node-0\"}' %s proxyplane.v1.TableService/WatchTable\n", in, grpcurl, auth, cp)
 	out.f("  %s%s %s %s proxyplane.v1.TableService/ListEvents\n", in, grpcurl, auth, cp)
 	out.f("  %s%s -cacert %s -authority %s %s proxyplane.v1.TableService/ListNodes   # no token: Unauthenticated\n", in, grpcurl, b.CAFile(), b.ServerName(), cp)
 	out.f("  ip netns exec %s iptables-nft -t nat -S | grep PP-   # node-0's rules\n", tp.Node(0).NS())
 	out.f("  ip netns exec %s bash -c 'exec 3<>/dev/tcp/%s/%d; echo hi >&3; head -1 <&3'   # a request from the client\n",
-		tp.ClientNS(), web.Spec.ClusterIP, box.ServicePort)
-	out.f("  %skubectl --kubeconfig %s get svc,endpointslices -n %s   # if kubectl is installed\n",
-		in, b.APIServer().AdminKubeconfig(), box.Namespace)
+		tp.ClientNS(), svc.Spec.ClusterIP, box.ServicePort)
 	out.f("\nListNodes lists every node a replica knows (each Node object), connected or not:\n" +
 		"a node whose agent streams from the other replica shows only \"known\": true there.\n")
 	return out.err
+}
+
+// service is a sample Service of type typ in front of the pods labels
+// select.
+func service(name string, typ corev1.ServiceType, labels map[string]string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: box.Namespace},
+		Spec: corev1.ServiceSpec{
+			Type:     typ,
+			Selector: labels,
+			Ports:    []corev1.ServicePort{{Name: "tcp", Port: box.ServicePort, TargetPort: intstr.FromInt32(box.BackendPort), Protocol: corev1.ProtocolTCP}},
+		},
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 // statusCommand is `controlplane status` against every replica, with the
@@ -215,14 +257,6 @@ func (p *printer) f(format string, args ...any) {
 	if p.err == nil {
 		_, p.err = fmt.Fprintf(p.w, format, args...)
 	}
-}
-
-func allPods(tp *nstest.Topology) []int {
-	out := make([]int, tp.Pods())
-	for i := range out {
-		out[i] = i
-	}
-	return out
 }
 
 // programTB is nstest.TB for a program: cleanups run at exit, last first;

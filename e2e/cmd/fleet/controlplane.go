@@ -30,8 +30,11 @@ type controlPlane struct {
 	grpcAddr   string
 	metricsURL string
 	dir        string
-	starts     int
-	proc       *proc
+	// logPrefix names its logs, <prefix>-<start>.log: "controlplane",
+	// or one per replica.
+	logPrefix string
+	starts    int
+	proc      *proc
 	// insecure records whether --insecure was passed.
 	insecure bool
 	// readersOwnAudience records that the binary takes readers' tokens
@@ -183,7 +186,11 @@ func listsFlag(ctx context.Context, binary, flag string) (bool, error) {
 // informers synced and the first world published.
 func (cp *controlPlane) start(ctx context.Context, timeout time.Duration) error {
 	cp.starts++
-	log := filepath.Join(cp.dir, fmt.Sprintf("controlplane-%d.log", cp.starts))
+	prefix := cp.logPrefix
+	if prefix == "" {
+		prefix = "controlplane"
+	}
+	log := filepath.Join(cp.dir, fmt.Sprintf("%s-%d.log", prefix, cp.starts))
 	ctx2, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	p, _, err := startProc(ctx2, "controlplane", append([]string{cp.binary}, cp.args...), nil, log, false)

@@ -13,9 +13,9 @@ import (
 )
 
 // TestFleetSmoke runs a tiny fleet end to end with the real binaries, in
-// both modes (insecure: plaintext and no tokens; secure: TLS from the
-// control plane's bootstrapped CA and a bound token per agent, reviewed on
-// every connect): 20 agents, 60 Services, 10 changes, 5 rounds of the gRPC
+// both modes (insecure: plaintext, no tokens, plain snapshots; secure: TLS
+// from the control plane's bootstrapped CA and a bound token per agent,
+// reviewed on every connect, and compressed snapshots): 20 agents, 60 Services, 10 changes, 5 rounds of the gRPC
 // floor, 3 informer sets. It asserts what must hold at any size (every
 // table valid, every change ACKed by every agent that must see it,
 // nothing resent after a restart, every floor client replying in every
@@ -34,6 +34,9 @@ func TestFleetSmoke(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			o := newOptions()
 			o.APIServer, o.ControlPlane, o.Dir, o.Secure = apiserver, cp, t.TempDir(), secure
+			// Production's agents announce compressed snapshots; the
+			// insecure run keeps the plain ones of agents before them.
+			o.ZstdEntries = secure
 			smoke(t, o)
 		})
 	}
@@ -64,8 +67,8 @@ func smoke(t *testing.T, o *Options) {
 	printTable(&out, res)
 	t.Logf("figures:\n%s", out.String())
 
-	if res.Secure != o.Secure {
-		t.Errorf("the run's mode is secure=%t, want %t", res.Secure, o.Secure)
+	if res.Secure != o.Secure || res.ZstdEntries != o.ZstdEntries {
+		t.Errorf("the run's mode is secure=%t, zstd-entries=%t; want %t, %t", res.Secure, res.ZstdEntries, o.Secure, o.ZstdEntries)
 	}
 	if o.Secure {
 		if slices.Contains(res.ControlPlaneArgs, "--insecure") {

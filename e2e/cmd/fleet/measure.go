@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,7 +36,8 @@ func (m *meter) set(name string, pid int) {
 	m.pids[name] = pid
 }
 
-// cpu returns each running process's CPU time so far.
+// cpu returns each running process's CPU time so far. With several
+// control plane replicas (replicaName), pControlPlane is their sum.
 func (m *meter) cpu() map[string]time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -46,6 +48,9 @@ func (m *meter) cpu() map[string]time.Duration {
 		}
 		if d, err := procfs.CPU(pid); err == nil {
 			out[name] = d
+			if strings.HasPrefix(name, pControlPlane+"-") {
+				out[pControlPlane] += d
+			}
 		}
 	}
 	return out

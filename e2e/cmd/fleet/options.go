@@ -44,6 +44,13 @@ type Options struct {
 	Workers, Clients int
 	// Decoders bounds responses the agents decode at once.
 	Decoders int
+	// ZstdEntries makes the agents announce Capabilities.zstd_entries, as
+	// nodeagent does, and inflate the compressed snapshots they get.
+	ZstdEntries bool
+	// Replicas is the number of control plane processes; the agents
+	// split over them by rendezvous, and with more than one the replica
+	// loss phase (replicas.go) replaces the restart.
+	Replicas int
 	// PhaseTimeout bounds each wait for a phase to complete.
 	PhaseTimeout time.Duration
 	// ControlPlaneArgs are passed to the control plane as they are.
@@ -79,7 +86,10 @@ func newOptions() *Options {
 		// Two cores: more workers only queue in the API server.
 		Workers: 32, Clients: 4,
 		// Twice the cores.
-		Decoders:     4,
+		Decoders: 4,
+		// One replica: the figures per replica; --replicas=3 measures a
+		// loss.
+		Replicas:     1,
 		PhaseTimeout: 10 * time.Minute,
 		// Insecure for now, so that existing runs compare with earlier
 		// ones; --secure measures what production pays for TLS and tokens.
@@ -111,6 +121,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Parallel object creations.")
 	fs.IntVar(&o.Clients, "clients", o.Clients, "API server connections the workers share.")
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses the agents decode at once.")
+	fs.BoolVar(&o.ZstdEntries, "zstd-entries", o.ZstdEntries, "Agents announce compressed snapshots (Capabilities.zstd_entries), as nodeagent does (default: plain, as agents before it).")
+	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "Control plane processes; the agents split over them by rendezvous, and with more than one, one is killed after the steady changes in place of the restart.")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "Bound on each phase's wait.")
 	fs.StringArrayVar(&o.ControlPlaneArgs, "controlplane-arg", o.ControlPlaneArgs, "Extra control plane flag, as --controlplane-arg=--log-level=warn (repeatable).")
 	fs.BoolVar(&o.Secure, "secure", o.Secure, "Run as production does: TLS from the control plane's bootstrapped CA and a bound ServiceAccount token per agent, reviewed by the control plane (default: --insecure).")
@@ -149,6 +161,14 @@ func (o *Options) Validate() error {
 	}
 	if o.OnlyFloor && o.Secure {
 		errs = append(errs, errors.New("--secure: the gRPC floor alone (--only-floor) runs no control plane"))
+	}
+	if o.Replicas < 1 || o.Replicas > 16 {
+		errs = append(errs, fmt.Errorf("--replicas %d: between 1 and 16", o.Replicas))
+	}
+	if o.Replicas > 1 && o.Secure {
+		// Each replica would bootstrap and publish the CA; the harness
+		// reads one bundle.
+		errs = append(errs, errors.New("--replicas above 1 runs insecure only (not with --secure)"))
 	}
 	if o.Workers < 1 || o.Clients < 1 || o.Decoders < 1 {
 		errs = append(errs, errors.New("--workers, --clients and --decoders must be at least 1"))

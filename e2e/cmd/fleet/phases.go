@@ -10,6 +10,7 @@ import (
 
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/procfs"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
 // pollInterval is how often a phase looks at its children's reports:
@@ -120,6 +121,12 @@ func (h *harness) steady(ctx context.Context) error {
 	cpu := h.m.since(cpu0)
 	f := &h.res.Steady
 	f.Window = time.Since(t0)
+	if err == nil {
+		// After the CPU window: ListNodes costs the control plane too.
+		if f.Convergence, err = h.convergence(ctx, recs); err != nil {
+			return err
+		}
+	}
 	f.Changes, f.CPU, f.Mem = figs, cpu, h.cpMem(ctx, heap.stop())
 	f.Agents = sub(rep.Counters, before.Counters)
 	for _, c := range figs {
@@ -258,8 +265,14 @@ func (h *harness) finishAgents(ctx context.Context) error {
 		return err
 	}
 	h.m.set(pAgents, 0)
-	if err := h.cp.proc.stop(); err != nil {
-		return err
+	for i, cp := range h.cps {
+		if cp.proc == nil || !cp.proc.running() {
+			continue // a replica lost (replicaLoss)
+		}
+		if err := cp.proc.stop(); err != nil {
+			return err
+		}
+		h.m.set(replicaName(i), 0)
 	}
 	h.m.set(pControlPlane, 0)
 	return nil
@@ -321,4 +334,42 @@ func (h *harness) peer(ctx context.Context) error {
 	f.Wire, f.Body = rep.WireBytes-before.WireBytes, rep.BodyBytes-before.BodyBytes
 	f.Heap, f.Errors = rep.HeapInuse, rep.Errors
 	return nil
+}
+
+// convergence reads the control plane's convergence SLI (ListNodes) for
+// the changes made: those it lists whose start is a change's trigger
+// time. It waits for listNodesEvery since the harness's last call, which
+// a control plane may limit.
+func (h *harness) convergence(ctx context.Context, recs []changeRec) ([]convergenceFig, error) {
+	if wait := listNodesEvery - time.Since(h.cp.lastList); wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	h.cp.lastList = time.Now()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := h.cp.client.ListNodes(ctx, &pb.ListNodesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("ListNodes: %w", err)
+	}
+	made := make(map[int64]bool, len(recs))
+	for _, r := range recs {
+		made[r.Trigger.UnixNano()] = true
+	}
+	var out []convergenceFig
+	for _, c := range resp.GetConvergence() {
+		start := c.GetStartedAt().AsTime()
+		if !c.GetFromTriggerTime() || !made[start.UnixNano()] {
+			continue
+		}
+		f := convergenceFig{Trigger: start, Nodes: int(c.GetNodes()), Converged: int(c.GetConverged()), Reached: map[string]time.Duration{}}
+		for _, q := range c.GetReached() {
+			f.Reached[strconv.FormatFloat(q.GetQuantile(), 'f', -1, 64)] = q.GetAfter().AsDuration()
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }

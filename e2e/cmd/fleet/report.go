@@ -69,6 +69,7 @@ func printTable(w io.Writer, r *Results) {
 	t.row("steady", "control plane CPU per change per agent reached", "**"+us(cpPerAgentReached(st))+"**")
 	t.row("steady", "trigger to last agent's ACK: p50 / p99 / max", "**"+percentiles(lastAck)+"**")
 	t.row("steady", "trigger to last agent reached: p50 / p99 / max", percentiles(lastReach))
+	convergenceRows(t, st)
 	tableBytes := float64(st.Agents.SnapshotBytes+st.Agents.DeltaBytes) / float64(nc)
 	t.row("steady", "table bytes per change; per agent reached", fmt.Sprintf("%s; %.0f B", kib(tableBytes), tableBytes/max(avgReached, 1)))
 	t.row("steady", "wire bytes per change (all frames, keepalives)", kib(float64(st.Agents.WireBytes)/float64(nc)))
@@ -79,16 +80,11 @@ func printTable(w io.Writer, r *Results) {
 	t.row("steady", cpuLabel+", per change", cpuOthers(perChangeAll(st.CPU, nc)))
 	reviewRow(t, "steady", st.Reviews)
 
-	rs := r.Restart
-	t.row("restart", "SIGTERM to exit; new process start to ready", fmt.Sprintf("%s; %s", dur(rs.Stop), dur(rs.Ready)))
-	t.row("restart", "every agent current: after SIGTERM; after ready", fmt.Sprintf("**%s**; %s", dur(rs.Current), dur(rs.CurrentAfterReady)))
-	t.row("restart", "table bytes sent after the restart (must be 0)", fmt.Sprintf("**%d**", rs.Agents.SnapshotBytes+rs.Agents.DeltaBytes))
-	t.row("restart", "sessions, failed dials, snapshots, deltas", fmt.Sprintf("%d, %d, %d, %d", rs.Agents.Sessions, rs.Agents.Failures, rs.Agents.Snapshots, rs.Agents.Deltas))
-	t.row("restart", "new control plane CPU (start to all current); per agent", fmt.Sprintf("%s; %s", dur(rs.CPU[pControlPlane]), us(float64(rs.CPU[pControlPlane])/n)))
-	t.row("restart", "old control plane CPU, SIGTERM to exit", dur(rs.OldCPU))
-	t.row("restart", "new control plane peak RSS; heap", fmt.Sprintf("%s; %s", mib(rs.Mem.PeakRSS), mib(rs.Mem.Heap)))
-	t.row("restart", cpuLabel, cpuOthers(rs.CPU))
-	reviewRow(t, "restart", rs.Reviews)
+	if r.ReplicaLoss != nil {
+		replicaRows(t, r)
+	} else {
+		restartRows(t, r, n)
+	}
 	floorRows(t, r)
 
 	if p := r.Peer; p != nil {
@@ -127,6 +123,43 @@ func printTable(w io.Writer, r *Results) {
 	ck := r.Checks
 	t.row("checks", "valid agents; NACKs; change-agent pairs missing; restart table bytes", fmt.Sprintf("%d of %d; %d; %d; %d", ck.ValidAgents, s.Nodes, ck.Nacks, ck.Missing, ck.RestartTableBytes))
 	_, _ = fmt.Fprintln(w)
+}
+
+// restartRows report the restart phase; n is the number of agents.
+func restartRows(t *table, r *Results, n float64) {
+	rs := r.Restart
+	t.row("restart", "SIGTERM to exit; new process start to ready", fmt.Sprintf("%s; %s", dur(rs.Stop), dur(rs.Ready)))
+	t.row("restart", "every agent current: after SIGTERM; after ready", fmt.Sprintf("**%s**; %s", dur(rs.Current), dur(rs.CurrentAfterReady)))
+	t.row("restart", "table bytes sent after the restart (must be 0)", fmt.Sprintf("**%d**", rs.Agents.SnapshotBytes+rs.Agents.DeltaBytes))
+	t.row("restart", "sessions, failed dials, snapshots, deltas", fmt.Sprintf("%d, %d, %d, %d", rs.Agents.Sessions, rs.Agents.Failures, rs.Agents.Snapshots, rs.Agents.Deltas))
+	t.row("restart", "new control plane CPU (start to all current); per agent", fmt.Sprintf("%s; %s", dur(rs.CPU[pControlPlane]), us(float64(rs.CPU[pControlPlane])/n)))
+	t.row("restart", "old control plane CPU, SIGTERM to exit", dur(rs.OldCPU))
+	t.row("restart", "new control plane peak RSS; heap", fmt.Sprintf("%s; %s", mib(rs.Mem.PeakRSS), mib(rs.Mem.Heap)))
+	t.row("restart", cpuLabel, cpuOthers(rs.CPU))
+	reviewRow(t, "restart", rs.Reviews)
+}
+
+// convergenceRows show the control plane's own convergence SLI of the
+// steady changes: per share of the agents, its time over the changes.
+func convergenceRows(t *table, st steadyFigures) {
+	if len(st.Convergence) == 0 {
+		t.row("steady", "convergence SLI (control plane)", "not listed (a control plane without it, or --convergence-tracking=false)")
+		return
+	}
+	nodes := 0
+	for _, c := range st.Convergence {
+		nodes += c.Nodes
+	}
+	t.row("steady", "convergence SLI: changes listed; agents counted per change", fmt.Sprintf("%d of %d; %.0f", len(st.Convergence), len(st.Changes), float64(nodes)/float64(len(st.Convergence))))
+	for _, q := range []struct{ key, pct string }{{"0.5", "50"}, {"0.9", "90"}, {"0.99", "99"}, {"1", "100"}} {
+		var ds []time.Duration
+		for _, c := range st.Convergence {
+			if d, ok := c.Reached[q.key]; ok {
+				ds = append(ds, d)
+			}
+		}
+		t.row("steady", "convergence SLI: trigger to "+q.pct+"% of agents ACKed: p50 / p99 / max", percentiles(ds))
+	}
 }
 
 // reviewRow shows the reviews of a phase of a --secure run.
@@ -174,14 +207,17 @@ func (t *table) head(mode string) {
 
 // mode names how the control plane and its clients talked.
 func mode(r *Results) string {
+	m := "insecure: plaintext, no tokens"
 	switch {
 	case r.OnlyFloor:
 		return "gRPC floor only, plaintext"
 	case r.Secure:
-		return "TLS + tokens"
-	default:
-		return "insecure: plaintext, no tokens"
+		m = "TLS + tokens"
 	}
+	if r.ZstdEntries {
+		m += "; compressed snapshots"
+	}
+	return m
 }
 
 func (t *table) row(phase, figure, value string) {

@@ -19,6 +19,9 @@ type Results struct {
 	// are the figures of their setup, nil without.
 	Secure     bool             `json:"secure"`
 	Identities *identityFigures `json:"identities,omitempty"`
+	// ZstdEntries: the agents announced compressed snapshots
+	// (--zstd-entries).
+	ZstdEntries bool `json:"zstdEntries"`
 	// Start is the control plane's first start: process start to ready
 	// (informers synced, first world published).
 	Start startFigures `json:"start"`
@@ -28,6 +31,8 @@ type Results struct {
 	Idle    time.Duration  `json:"idlePerSecond"`
 	Steady  steadyFigures  `json:"steady"`
 	Restart restartFigures `json:"restart"`
+	// ReplicaLoss replaces Restart with several replicas (--replicas).
+	ReplicaLoss *replicaLossFigures `json:"replicaLoss,omitempty"`
 	// Floor is the gRPC floor's (floor.go); OnlyFloor, a run of it alone.
 	Floor     *floorFigures     `json:"floor,omitempty"`
 	OnlyFloor bool              `json:"onlyFloor,omitempty"`
@@ -84,6 +89,19 @@ type steadyFigures struct {
 	Window   time.Duration `json:"window"`
 	// Reviews the control plane asked for (--secure only).
 	Reviews *reviewCounts `json:"reviews,omitempty"`
+	// Convergence is the control plane's own convergence SLI of the
+	// changes it still lists (its latest 64), from ListNodes.
+	Convergence []convergenceFig `json:"convergence,omitempty"`
+}
+
+// convergenceFig is one change as the control plane's convergence SLI
+// saw it: the time from its trigger time until each share of the agents
+// it counts (those whose table the change alters) had acknowledged it.
+type convergenceFig struct {
+	Trigger   time.Time                `json:"trigger"`
+	Nodes     int                      `json:"nodes"`
+	Converged int                      `json:"converged"`
+	Reached   map[string]time.Duration `json:"reached"`
 }
 
 // changeFig is one change and what the agents saw of it.

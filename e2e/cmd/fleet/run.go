@@ -28,7 +28,9 @@ type harness struct {
 	w       *world
 	ch      *changer
 	cp      *controlPlane
-	agents  *proc
+	// cps are every control plane replica, cp first (--replicas).
+	cps    []*controlPlane
+	agents *proc
 	// creds are the agents' CA bundle and tokens; nil in plaintext.
 	creds *agentCredentials
 	// agentsURL is the agents' process's control endpoint.
@@ -84,6 +86,9 @@ func run(ctx context.Context, o *Options) (*Results, error) {
 			{"idle", h.idle},
 			{"steady changes", h.steady},
 			{"restart", h.restart},
+		}
+		if o.Replicas > 1 {
+			steps[len(steps)-1] = step{"replica loss", h.replicaLoss}
 		}
 		if o.Floor {
 			steps = append(steps, step{"gRPC floor", h.floor})
@@ -149,17 +154,20 @@ func (h *harness) setup(ctx context.Context) error {
 	}
 	h.res.Create = time.Since(t0)
 	h.res.Secure = o.Secure
+	h.res.ZstdEntries = o.ZstdEntries
 	if o.Secure {
 		if err := h.setupSecure(ctx); err != nil {
 			return err
 		}
 	}
 
-	if h.cp, err = newControlPlane(ctx, controlPlaneConfig{
+	cpCfg := controlPlaneConfig{
 		Binary: o.ControlPlane, Kubeconfig: c.AdminKubeconfig(), Dir: o.Dir, Secure: o.Secure, Extra: o.ControlPlaneArgs,
-	}); err != nil {
+	}
+	if h.cp, err = newControlPlane(ctx, cpCfg); err != nil {
 		return err
 	}
+	h.cps = []*controlPlane{h.cp}
 	h.res.ControlPlaneArgs = h.cp.args
 	if err := h.startControlPlane(ctx); err != nil {
 		return err
@@ -172,11 +180,17 @@ func (h *harness) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if o.Replicas > 1 {
+		if err := h.startReplicas(ctx, cpCfg); err != nil {
+			return err
+		}
+	}
 	h.trackAfter = time.Now()
 	h.agents, h.agentsURL, err = startChild(ctx, roleAgents, append([]string{
-		"--address=" + h.cp.grpcAddr, fmt.Sprintf("--nodes=%d", o.Nodes), "--node-prefix=" + nodePrefix,
+		"--address=" + strings.Join(h.addresses(), ","), fmt.Sprintf("--nodes=%d", o.Nodes), "--node-prefix=" + nodePrefix,
 		fmt.Sprintf("--track-after=%d", h.trackAfter.UnixNano()), fmt.Sprintf("--decoders=%d", o.Decoders),
 		fmt.Sprintf("--max-changes=%d", o.Changes+o.PeerChanges+16),
+		fmt.Sprintf("--zstd-entries=%t", o.ZstdEntries),
 	}, h.creds.agentArgs()...), filepath.Join(o.Dir, "agents.log"))
 	if err != nil {
 		return err
@@ -229,7 +243,9 @@ func (h *harness) close(ctx context.Context) {
 		}
 	}
 	if h.cp != nil {
-		h.cp.close()
+		for _, cp := range h.cps {
+			cp.close()
+		}
 	}
 	if h.cluster != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cluster.DefaultStopTimeout)

@@ -9,7 +9,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 
@@ -198,6 +200,31 @@ func runCmd(ctx context.Context, timeout time.Duration, ns, stdin string, name s
 	return out, took, nil
 }
 
+// runStdout is runCmd for listings: it returns the standard output only
+// (iptables-nft-save warns on its standard error about legacy tables,
+// which would otherwise land inside the dump).
+func runStdout(ctx context.Context, timeout time.Duration, ns string, name string, args ...string) ([]byte, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if ns != "" {
+		args = append([]string{"netns", "exec", ns, name}, args...)
+		name = "ip"
+	}
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	out, err := cmd.Output()
+	took := time.Since(start)
+	if err != nil {
+		var stderr string
+		if ee, ok := errors.AsType[*exec.ExitError](err); ok {
+			stderr = string(ee.Stderr)
+		}
+		return out, took, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, firstLines(stderr, 5))
+	}
+	return out, took, nil
+}
+
 func firstLines(s string, n int) string {
 	lines := strings.SplitN(strings.TrimSpace(s), "\n", n+1)
 	return strings.Join(lines[:min(n, len(lines))], "\n")
@@ -221,4 +248,40 @@ func poll(ctx context.Context, interval, timeout time.Duration, cond func() (boo
 		case <-tick.C:
 		}
 	}
+}
+
+// memStatus is a process's resident memory, from /proc/PID/status.
+type memStatus struct {
+	// rss is VmRSS, hwm VmHWM (the peak), in bytes.
+	rss, hwm uint64
+}
+
+// procStatus reads pid's resident memory.
+func procStatus(pid int) (memStatus, error) {
+	var m memStatus
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return m, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		var dst *uint64
+		switch k {
+		case "VmRSS":
+			dst = &m.rss
+		case "VmHWM":
+			dst = &m.hwm
+		default:
+			continue
+		}
+		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return m, fmt.Errorf("parsing %s of process %d: %w", k, pid, err)
+		}
+		*dst = kb << 10
+	}
+	return m, nil
 }

@@ -22,7 +22,8 @@ import (
 const (
 	mFull         = "kubeproxy_sync_full_proxy_rules_duration_seconds"
 	mPartial      = "kubeproxy_sync_partial_proxy_rules_duration_seconds"
-	mFailures     = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+	mNFTFailures  = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+	mIPTFailures  = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
 	mEPPending    = "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
 	mSvcPending   = "kubeproxy_sync_proxy_rules_service_changes_pending"
 	family        = "ip_family"
@@ -41,14 +42,20 @@ type upstreamResult struct {
 	ready time.Duration
 	// timedOut says the first sync did not end within the bound.
 	timedOut bool
-	// partial are kube-proxy's own durations of partial syncs after one
-	// EndpointSlice changed.
-	partial []time.Duration
-	// floor is kube-proxy's ruleset, as `nft list table` printed it,
-	// loaded by nft -f into the namespace without the table.
+	// partial are kube-proxy's own durations of the syncs after one
+	// EndpointSlice changed; added after one Service (with its slice)
+	// was created.
+	partial, added []time.Duration
+	// rss and peakRSS are kube-proxy's resident memory (VmRSS, VmHWM)
+	// after the syncs.
+	rss, peakRSS uint64
+	// floor is kube-proxy's ruleset, as `nft list table` or iptables-save
+	// printed it, loaded by nft -f or iptables-restore into the namespace
+	// without it.
 	floor time.Duration
-	// services counts the service-ips elements kube-proxy programmed.
-	services int
+	// elements counts the service-ips elements (nftables) or the rules
+	// (iptables) kube-proxy programmed.
+	elements int
 	// dumpBytes is the size of the listed ruleset.
 	dumpBytes int
 }
@@ -63,13 +70,16 @@ type upstream struct {
 	apiAddr string
 }
 
-// run measures one kube-proxy process: its first full sync, then partials
-// one-Service updates and, withFloor, the load of its listed ruleset by
-// nft. A first sync past the bound is reported in the result, not as an
+// run measures one kube-proxy process in mode (nftables or iptables) on
+// world w: its first full sync, then partials one-endpoint changes and
+// as many Services added (each deleted again), its memory, and,
+// withFloor, the load of its listed ruleset by nft or iptables-restore.
+// A first sync past the bound is reported in the result, not as an
 // error.
-func (u *upstream) run(ctx context.Context, n, rep, partials int, withFloor bool) (upstreamResult, error) {
+func (u *upstream) run(ctx context.Context, mode string, w world, rep, partials int, withFloor bool) (upstreamResult, error) {
 	var res upstreamResult
-	err := phase(fmt.Sprintf("kpbench-upstream-%d-%d", n, rep), func(tb *progTB) error {
+	n := w.Services
+	err := phase(fmt.Sprintf("kpbench-upstream-%s-%d-%d", mode[:3], n, rep), func(tb *progTB) error {
 		tp := nstest.New(tb, nstest.Options{Pods: 1}) //nolint:contextcheck // nstest bounds its own commands
 		ns := tp.NodeNS()
 		// Deleting a namespace frees its table in the kernel's cleanup
@@ -81,7 +91,7 @@ func (u *upstream) run(ctx context.Context, n, rep, partials int, withFloor bool
 		if err := relay(rctx, tp, ns, u.apiAddr); err != nil {
 			return err
 		}
-		kp, err := u.start(ctx, ns, fmt.Sprintf("kube-proxy-%d-%d.log", n, rep))
+		kp, err := u.start(ctx, mode, ns, fmt.Sprintf("kube-proxy-%s-%dx%d-%d.log", mode, n, w.Endpoints, rep))
 		if err != nil {
 			return err
 		}
@@ -106,7 +116,10 @@ func (u *upstream) run(ctx context.Context, n, rep, partials int, withFloor bool
 		res.ready = time.Since(kp.started)
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			res.timedOut = true
-			log.Printf("kube-proxy at %d Services: no full sync within %v", n, u.opts.UpstreamTimeout)
+			if m, err := procStatus(kp.cmd.Process.Pid); err == nil {
+				res.rss, res.peakRSS = m.rss, m.hwm
+			}
+			log.Printf("kube-proxy %s at %s: no full sync within %v (RSS %d MiB, peak %d MiB); stopping it", mode, w, u.opts.UpstreamTimeout, res.rss>>20, res.peakRSS>>20)
 			return nil
 		}
 		if err != nil {
@@ -117,94 +130,145 @@ func (u *upstream) run(ctx context.Context, n, rep, partials int, withFloor bool
 		if err != nil {
 			return err
 		}
-		if f := m.value(mFailures, family, ipv4); f != 0 {
-			return fmt.Errorf("kube-proxy reports %v failed nftables syncs; see %s", f, kp.logPath)
+		failures := mNFTFailures
+		if mode == "iptables" {
+			failures = mIPTFailures
 		}
-		log.Printf("kube-proxy at %d Services: first full sync %v (process start to done: %v)", n, res.full.Round(time.Millisecond), res.ready.Round(time.Millisecond))
+		if f := m.value(failures, family, ipv4); f != 0 {
+			return fmt.Errorf("kube-proxy reports %v failed syncs; see %s", f, kp.logPath)
+		}
+		log.Printf("kube-proxy %s at %s: first full sync %v (process start to done: %v)", mode, w, res.full.Round(time.Millisecond), res.ready.Round(time.Millisecond))
 
 		if partials > 0 {
-			if res.partial, err = u.partials(ctx, scrapeKP, n, partials); err != nil {
+			if res.partial, res.added, err = u.partials(ctx, scrapeKP, w, partials); err != nil {
 				return err
 			}
 		}
+		if m, err := procStatus(kp.cmd.Process.Pid); err == nil {
+			res.rss, res.peakRSS = m.rss, m.hwm
+		}
+		log.Printf("kube-proxy %s at %s: RSS %d MiB, peak %d MiB", mode, w, res.rss>>20, res.peakRSS>>20)
 		if !withFloor {
 			return nil
 		}
-		// What kube-proxy programmed, and that ruleset through nft alone.
+		// What kube-proxy programmed, and that ruleset through the tools
+		// alone.
 		kp.stop()
-		dump, took, err := runCmd(ctx, u.opts.UpstreamTimeout, ns, "", "nft", "list", "table", "ip", kpTable)
+		list, load := []string{"nft", "list", "table", "ip", kpTable}, []string{"nft", "-f", "-"}
+		if mode == "iptables" {
+			list, load = []string{"iptables-save"}, []string{"iptables-restore"}
+		}
+		dump, took, err := runStdout(ctx, u.opts.UpstreamTimeout, ns, list[0], list[1:]...)
 		if err != nil {
 			return err
 		}
-		log.Printf("nft list table ip kube-proxy: %d bytes in %v", len(dump), took.Round(time.Millisecond))
+		log.Printf("%s: %d bytes in %v", strings.Join(list, " "), len(dump), took.Round(time.Millisecond))
 		res.dumpBytes = len(dump)
-		if err := os.WriteFile(filepath.Join(u.opts.Dir, fmt.Sprintf("kube-proxy-%d.nft", n)), dump, 0o644); err != nil {
+		ext := map[string]string{"nftables": "nft", "iptables": "iptables"}[mode]
+		if err := os.WriteFile(filepath.Join(u.opts.Dir, fmt.Sprintf("kube-proxy-%dx%d.%s", n, w.Endpoints, ext)), dump, 0o644); err != nil {
 			return err
 		}
-		res.services = countServiceIPs(string(dump))
-		if _, _, err := runCmd(ctx, time.Minute, ns, "", "nft", "delete", "table", "ip", kpTable); err != nil {
-			return err
+		if mode == "iptables" {
+			res.elements = countRules(string(dump))
+			// iptables (here iptables-nft, as kube-proxy found it) keeps
+			// its tables in nf_tables: an empty ruleset is no rules.
+			if _, _, err := runCmd(ctx, u.opts.UpstreamTimeout, ns, "", "nft", "flush", "ruleset"); err != nil {
+				return err
+			}
+		} else {
+			res.elements = countServiceIPs(string(dump))
+			if _, _, err := runCmd(ctx, u.opts.UpstreamTimeout, ns, "", "nft", "delete", "table", "ip", kpTable); err != nil {
+				return err
+			}
 		}
-		if _, res.floor, err = runCmd(ctx, u.opts.UpstreamTimeout, ns, string(dump), "nft", "-f", "-"); err != nil {
+		if _, res.floor, err = runCmd(ctx, u.opts.UpstreamTimeout, ns, string(dump), load[0], load[1:]...); err != nil {
 			return fmt.Errorf("loading kube-proxy's listed ruleset: %w", err)
 		}
-		log.Printf("kube-proxy's ruleset at %d Services through nft -f: %v", n, res.floor.Round(time.Millisecond))
+		log.Printf("kube-proxy's ruleset at %s through %s: %v", w, strings.Join(load, " "), res.floor.Round(time.Millisecond))
 		return nil
 	})
 	return res, err
 }
 
-// partials changes one EndpointSlice partials times, back and forth, and
-// returns kube-proxy's own duration of the partial sync each triggered. It
-// restores the slice afterwards.
-func (u *upstream) partials(ctx context.Context, scrapeKP func() (metrics, error), n, partials int) ([]time.Duration, error) {
-	i := changedService(n)
-	var out []time.Duration
+// partials changes one EndpointSlice partials times, back and forth, then
+// adds a Service (and its slice) and deletes it partials times, and
+// returns kube-proxy's own durations of the syncs each change and each
+// addition triggered. It restores the slice afterwards.
+func (u *upstream) partials(ctx context.Context, scrapeKP func() (metrics, error), w world, partials int) (changed, added []time.Duration, err error) {
+	i := changedService(w.Services)
 	for k := range partials {
-		// Start from quiet: nothing pending, so the next partial sync is
-		// the one this change triggers.
-		var count uint64
-		var sum float64
-		err := poll(ctx, 100*time.Millisecond, 2*time.Minute, func() (bool, error) {
-			m, err := scrapeKP()
-			if err != nil {
-				return false, err
-			}
-			count, sum = m.histogram(mPartial, family, ipv4)
-			return m.value(mEPPending, "", "") == 0 && m.value(mSvcPending, "", "") == 0, nil
-		})
+		d, err := u.nextSync(ctx, scrapeKP, func() error { return setEndpoints(ctx, u.cs, i, w.Endpoints, k) })
 		if err != nil {
-			return nil, fmt.Errorf("waiting for kube-proxy to be idle: %w", err)
+			return nil, nil, err
 		}
-		if err := setEndpoints(ctx, u.cs, i, k); err != nil {
-			return nil, err
-		}
-		var d time.Duration
-		err = poll(ctx, 200*time.Millisecond, u.opts.UpstreamTimeout, func() (bool, error) {
-			m, err := scrapeKP()
-			if err != nil {
-				return false, err
-			}
-			c, s := m.histogram(mPartial, family, ipv4)
-			if c == count {
-				return false, nil
-			}
-			if c > count+1 {
-				log.Printf("kube-proxy ran %d partial syncs for one change; taking their mean", c-count)
-			}
-			d = seconds((s - sum) / float64(c-count))
-			return true, nil
-		})
+		changed = append(changed, d)
+	}
+	if err := setEndpoints(ctx, u.cs, i, w.Endpoints, -1); err != nil {
+		return nil, nil, err
+	}
+	log.Printf("kube-proxy at %s: one-endpoint syncs %v", w, roundAll(changed))
+	a := addedService(w.Services)
+	for range partials {
+		d, err := u.nextSync(ctx, scrapeKP, func() error { return createOne(ctx, u.cs, a, w.Endpoints) })
 		if err != nil {
-			return nil, fmt.Errorf("waiting for kube-proxy's partial sync: %w", err)
+			return nil, nil, err
 		}
-		out = append(out, d)
+		added = append(added, d)
+		if _, err := u.nextSync(ctx, scrapeKP, func() error { return deleteService(ctx, u.cs, a) }); err != nil {
+			return nil, nil, err
+		}
 	}
-	if err := setEndpoints(ctx, u.cs, i, -1); err != nil {
-		return nil, err
+	log.Printf("kube-proxy at %s: one-Service-added syncs %v", w, roundAll(added))
+	return changed, added, nil
+}
+
+// nextSync waits until kube-proxy has nothing pending, makes change, and
+// returns kube-proxy's own duration of the sync it triggered, full or
+// partial (the mean when it ran several).
+func (u *upstream) nextSync(ctx context.Context, scrapeKP func() (metrics, error), change func() error) (time.Duration, error) {
+	var count uint64
+	var sum float64
+	counted := func(m metrics) (uint64, float64) {
+		cf, sf := m.histogram(mFull, family, ipv4)
+		cp, sp := m.histogram(mPartial, family, ipv4)
+		return cf + cp, sf + sp
 	}
-	log.Printf("kube-proxy at %d Services: one-Service partial syncs %v", n, roundAll(out))
-	return out, nil
+	// Start from quiet: nothing pending, so the next sync is the one this
+	// change triggers.
+	err := poll(ctx, 100*time.Millisecond, u.opts.UpstreamTimeout, func() (bool, error) {
+		m, err := scrapeKP()
+		if err != nil {
+			return false, err
+		}
+		count, sum = counted(m)
+		return m.value(mEPPending, "", "") == 0 && m.value(mSvcPending, "", "") == 0, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("waiting for kube-proxy to be idle: %w", err)
+	}
+	if err := change(); err != nil {
+		return 0, err
+	}
+	var d time.Duration
+	err = poll(ctx, 200*time.Millisecond, u.opts.UpstreamTimeout, func() (bool, error) {
+		m, err := scrapeKP()
+		if err != nil {
+			return false, err
+		}
+		c, s := counted(m)
+		if c == count {
+			return false, nil
+		}
+		if c > count+1 {
+			log.Printf("kube-proxy ran %d syncs for one change; taking their mean", c-count)
+		}
+		d = seconds((s - sum) / float64(c-count))
+		return true, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("waiting for kube-proxy's sync: %w", err)
+	}
+	return d, nil
 }
 
 // kubeProxy is a running kube-proxy process.
@@ -216,7 +280,7 @@ type kubeProxy struct {
 	waitErr error
 }
 
-func (u *upstream) start(ctx context.Context, ns, logName string) (*kubeProxy, error) {
+func (u *upstream) start(ctx context.Context, mode, ns, logName string) (*kubeProxy, error) {
 	logPath := filepath.Join(u.opts.Dir, logName)
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -224,7 +288,7 @@ func (u *upstream) start(ctx context.Context, ns, logName string) (*kubeProxy, e
 	}
 	cfg := kubeproxy.Config{
 		Binary:             u.opts.KubeProxy,
-		Mode:               "nftables",
+		Mode:               mode,
 		Kubeconfig:         u.kubeconfig,
 		NodeName:           nodeName,
 		ClusterCIDR:        clusterCIDR,

@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"log"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,9 +25,10 @@ import (
 )
 
 // The world both proxies program: n NodePort Services (so each also has
-// an external chain) with one TCP port and 3 ready endpoints on another
-// node, Cluster traffic policies, no affinity, as BenchmarkSync's
-// scaleServices, except that NodePorts are all distinct (the API server
+// an external chain) with one TCP port and a number of ready endpoints
+// (3 in the --sizes worlds, as BenchmarkSync's scaleServices; 50 or 25 in
+// the endpoint-heavy ones) on another node, Cluster traffic policies, no
+// affinity, except that NodePorts are all distinct (the API server
 // allocates them).
 const (
 	namespace    = "kpbench"
@@ -36,7 +37,6 @@ const (
 	portName     = "http"
 	servicePort  = 80
 	targetPort   = 8080
-	endpointsPer = 3
 	firstNode    = 30000
 	// clusterCIDR is kube-proxy's --cluster-cidr and the Dataplane's
 	// ClusterCIDRs: traffic from it is not masqueraded.
@@ -49,6 +49,31 @@ const (
 	// back and forth in one-Service updates: .1, .2, .1, ...
 	changedEndpoint = "10.64.0.1"
 )
+
+// defaultEndpoints is the endpoints per Service of the --sizes worlds.
+const defaultEndpoints = 3
+
+// world is a number of Services with as many endpoints each.
+type world struct {
+	Services, Endpoints int
+}
+
+// String is "5,000 x 50".
+func (w world) String() string { return thousands(w.Services) + " x " + strconv.Itoa(w.Endpoints) }
+
+// parseWorld parses "SxE", as 5000x50: S Services of E endpoints.
+func parseWorld(s string) (world, error) {
+	a, b, ok := strings.Cut(s, "x")
+	if !ok {
+		return world{}, fmt.Errorf("world %q: want SERVICESxENDPOINTS, as 5000x50", s)
+	}
+	n, err1 := strconv.Atoi(a)
+	e, err2 := strconv.Atoi(b)
+	if err1 != nil || err2 != nil {
+		return world{}, fmt.Errorf("world %q: want SERVICESxENDPOINTS, as 5000x50", s)
+	}
+	return world{Services: n, Endpoints: e}, nil
+}
 
 func serviceName(i int) string { return "svc-" + strconv.Itoa(i) }
 
@@ -67,12 +92,13 @@ func clusterIP(i int) netip.Addr { return addrAdd(firstClusterIP, i) }
 
 func nodePort(i int) int32 { return int32(firstNode + i) }
 
-// endpoints returns Service i's endpoint addresses; change >= 0 replaces
-// the first with the change'th alternate address.
-func endpoints(i, change int) []netip.Addr {
-	out := make([]netip.Addr, endpointsPer)
+// endpoints returns the per endpoint addresses of Service i (in a world
+// of per endpoints per Service); change >= 0 replaces the first with the
+// change'th alternate address. 10.128.0.0/9 holds 8 million.
+func endpoints(i, per, change int) []netip.Addr {
+	out := make([]netip.Addr, per)
 	for j := range out {
-		out[j] = addrAdd(firstEndpoint, i*endpointsPer+j)
+		out[j] = addrAdd(firstEndpoint, i*per+j)
 	}
 	if change >= 0 {
 		out[0] = addrAdd(changedEndpoint, change%2)
@@ -81,10 +107,14 @@ func endpoints(i, change int) []netip.Addr {
 }
 
 // nodePortRange is the API server's --service-node-port-range for worlds
-// of up to n Services (the default range holds 2,768).
+// of up to n Services and the one added (addedService; the default range
+// holds 2,768).
 func nodePortRange(n int) string {
-	return fmt.Sprintf("%d-%d", firstNode, max(firstNode+n-1, 32767))
+	return fmt.Sprintf("%d-%d", firstNode, max(firstNode+n, 32767))
 }
+
+// addedService is the Service added to a world of n, and removed again.
+func addedService(n int) int { return n }
 
 // ---- Kubernetes objects ----------------------------------------------------
 
@@ -107,7 +137,7 @@ func apiService(i int) *corev1.Service {
 	}
 }
 
-func apiSlice(i, change int) *discoveryv1.EndpointSlice {
+func apiSlice(i, per, change int) *discoveryv1.EndpointSlice {
 	s := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: serviceName(i), Namespace: namespace,
@@ -121,7 +151,7 @@ func apiSlice(i, change int) *discoveryv1.EndpointSlice {
 			Name: ptr.To(portName), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To[int32](targetPort),
 		}},
 	}
-	for _, a := range endpoints(i, change) {
+	for _, a := range endpoints(i, per, change) {
 		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{
 			Addresses:  []string{a.String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
@@ -157,9 +187,9 @@ func setupCluster(ctx context.Context, cs kubernetes.Interface, nodeIP netip.Add
 	return nil
 }
 
-// createServices creates Services [from, to) and their EndpointSlices with
-// workers in parallel.
-func createServices(ctx context.Context, cs kubernetes.Interface, from, to, workers int) error {
+// createServices creates Services [from, to) and their EndpointSlices of
+// per endpoints with workers in parallel.
+func createServices(ctx context.Context, cs kubernetes.Interface, from, to, per, workers int) error {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -170,7 +200,7 @@ func createServices(ctx context.Context, cs kubernetes.Interface, from, to, work
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				if err := createOne(ctx, cs, i); err != nil {
+				if err := createOne(ctx, cs, i, per); err != nil {
 					cancel(err)
 					return
 				}
@@ -194,24 +224,36 @@ feed:
 	return nil
 }
 
-func createOne(ctx context.Context, cs kubernetes.Interface, i int) error {
+func createOne(ctx context.Context, cs kubernetes.Interface, i, per int) error {
 	if _, err := cs.CoreV1().Services(namespace).Create(ctx, apiService(i), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating Service %d: %w", i, err)
 	}
-	if _, err := cs.DiscoveryV1().EndpointSlices(namespace).Create(ctx, apiSlice(i, -1), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := cs.DiscoveryV1().EndpointSlices(namespace).Create(ctx, apiSlice(i, per, -1), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating EndpointSlice %d: %w", i, err)
 	}
 	return nil
 }
 
-// setEndpoints rewrites Service i's EndpointSlice with endpoints(i, change).
-func setEndpoints(ctx context.Context, cs kubernetes.Interface, i, change int) error {
+// deleteService deletes Service i and its EndpointSlice.
+func deleteService(ctx context.Context, cs kubernetes.Interface, i int) error {
+	if err := cs.DiscoveryV1().EndpointSlices(namespace).Delete(ctx, serviceName(i), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting EndpointSlice %d: %w", i, err)
+	}
+	if err := cs.CoreV1().Services(namespace).Delete(ctx, serviceName(i), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting Service %d: %w", i, err)
+	}
+	return nil
+}
+
+// setEndpoints rewrites Service i's EndpointSlice with endpoints(i, per,
+// change).
+func setEndpoints(ctx context.Context, cs kubernetes.Interface, i, per, change int) error {
 	slices := cs.DiscoveryV1().EndpointSlices(namespace)
 	cur, err := slices.Get(ctx, serviceName(i), metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("getting EndpointSlice %d: %w", i, err)
 	}
-	want := apiSlice(i, change)
+	want := apiSlice(i, per, change)
 	cur.Endpoints = want.Endpoints
 	if _, err := slices.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating EndpointSlice %d: %w", i, err)
@@ -222,9 +264,9 @@ func setEndpoints(ctx context.Context, cs kubernetes.Interface, i, change int) e
 // ---- proxyplane's table ------------------------------------------------------
 
 // pbService is Service i as the control plane sends it to every node.
-func pbService(i, change int) *pb.Service {
+func pbService(i, per, change int) *pb.Service {
 	pe := &pb.PortEndpoints{PortName: portName}
-	for _, a := range endpoints(i, change) {
+	for _, a := range endpoints(i, per, change) {
 		pe.Endpoints = append(pe.Endpoints, &pb.Endpoint{Ip: a.String(), Port: targetPort, Ready: true, Serving: true})
 	}
 	return &pb.Service{
@@ -252,29 +294,44 @@ func entry(s *pb.Service) *pb.ServiceEntry {
 
 func version(sum uint64) string { return fmt.Sprintf("%016x", sum) }
 
-// ppTable returns the node's table of a world of n Services.
-func ppTable(node *pb.NodeInfo, n int) (*proxytable.Table, error) {
-	entries := make([]*pb.ServiceEntry, n)
+// ppTable returns the node's table of world w.
+func ppTable(node *pb.NodeInfo, w world) (*proxytable.Table, error) {
+	entries := make([]*pb.ServiceEntry, w.Services)
 	sum := node.GetHash()
-	for i := range n {
-		entries[i] = entry(pbService(i, -1))
+	for i := range w.Services {
+		entries[i] = entry(pbService(i, w.Endpoints, -1))
 		sum += entries[i].GetHash()
 	}
 	return proxytable.FromEntries(version(sum), node, entries)
 }
 
-// ppChange applies Service i's change'th endpoint change to t, as a delta
-// from the control plane, and returns the new table and the changed keys.
-func ppChange(t *proxytable.Table, i, change int) (*proxytable.Table, []string, error) {
-	e := entry(pbService(i, change))
+// ppChange applies Service i's change'th endpoint change to t (a world of
+// per endpoints per Service), as a delta from the control plane, and
+// returns the new table and the changed keys.
+func ppChange(t *proxytable.Table, i, per, change int) (*proxytable.Table, []string, error) {
+	return ppUpsert(t, entry(pbService(i, per, change)), true)
+}
+
+// ppAdd adds Service i (of per endpoints) to t, as a delta from the
+// control plane.
+func ppAdd(t *proxytable.Table, i, per int) (*proxytable.Table, []string, error) {
+	return ppUpsert(t, entry(pbService(i, per, -1)), false)
+}
+
+// ppUpsert applies a delta upserting e; replace says e's Service must be
+// in t already, and must not be otherwise.
+func ppUpsert(t *proxytable.Table, e *pb.ServiceEntry, replace bool) (*proxytable.Table, []string, error) {
 	sum, err := strconv.ParseUint(t.Version, 16, 64)
 	if err != nil {
 		return nil, nil, err
 	}
 	old, ok := t.Entries[e.GetKey()]
-	if !ok {
-		return nil, nil, errors.New("changed Service not in the table")
+	if ok != replace {
+		return nil, nil, fmt.Errorf("upserting %s: in the table %v, want %v", e.GetKey(), ok, replace)
 	}
-	sum = sum - old.GetHash() + e.GetHash()
+	if ok {
+		sum -= old.GetHash()
+	}
+	sum += e.GetHash()
 	return t.Apply(&pb.Delta{BaseVersion: t.Version, Version: version(sum), Upserts: []*pb.ServiceEntry{e}})
 }

@@ -34,7 +34,11 @@ type SyncRequest struct {
 	//	*SyncRequest_Ack
 	//	*SyncRequest_Nack
 	//	*SyncRequest_Keepalive
-	Kind          isSyncRequest_Kind `protobuf_oneof:"kind"`
+	Kind isSyncRequest_Kind `protobuf_oneof:"kind"`
+	// The drift repairs the agent has made since it started, sent along
+	// with a request (a keepalive) whenever a new one happens and once at
+	// the start of each stream. Control planes that predate it ignore it.
+	Drift         *DriftReport `protobuf:"bytes,5,opt,name=drift,proto3" json:"drift,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -112,6 +116,13 @@ func (x *SyncRequest) GetKeepalive() *Keepalive {
 	return nil
 }
 
+func (x *SyncRequest) GetDrift() *DriftReport {
+	if x != nil {
+		return x.Drift
+	}
+	return nil
+}
+
 type isSyncRequest_Kind interface {
 	isSyncRequest_Kind()
 }
@@ -166,8 +177,18 @@ type Hello struct {
 	// for the node refuses the stream (UNAVAILABLE) rather than roll the
 	// agent back.
 	ResourceVersion uint64 `protobuf:"varint,6,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The node's own global unicast addresses, as the agent sees them on its
+	// network namespace's links (bridges such as cni0 or docker0 included,
+	// its IPVS dummy link excluded): at most 64, each a canonical IP
+	// address. The agent refuses a table whose external or load balancer IPs
+	// capture one of them, so the control plane guards them as it guards
+	// the addresses Node objects list (docs/protocol.md, "What an agent
+	// accepts"). A hello with more, or with one that is not such an address,
+	// is refused (INVALID_ARGUMENT). Control planes that predate it ignore
+	// it.
+	NodeAddresses []string `protobuf:"bytes,7,rep,name=node_addresses,json=nodeAddresses,proto3" json:"node_addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -242,6 +263,13 @@ func (x *Hello) GetResourceVersion() uint64 {
 	return 0
 }
 
+func (x *Hello) GetNodeAddresses() []string {
+	if x != nil {
+		return x.NodeAddresses
+	}
+	return nil
+}
+
 // Capabilities describes what an agent can do.
 type Capabilities struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -252,7 +280,10 @@ type Capabilities struct {
 	// ListNodes.
 	Dataplane string `protobuf:"bytes,2,opt,name=dataplane,proto3" json:"dataplane,omitempty"`
 	// Agent build version, reported in ListNodes.
-	AgentVersion  string `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	AgentVersion string `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
+	// The agent decodes Snapshot.zstd_entries. Without it, snapshots carry
+	// only plain entries.
+	ZstdEntries   bool `protobuf:"varint,4,opt,name=zstd_entries,json=zstdEntries,proto3" json:"zstd_entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -306,6 +337,13 @@ func (x *Capabilities) GetAgentVersion() string {
 		return x.AgentVersion
 	}
 	return ""
+}
+
+func (x *Capabilities) GetZstdEntries() bool {
+	if x != nil {
+		return x.ZstdEntries
+	}
+	return false
 }
 
 // Ack acknowledges a table response: persisted, programmed, in force.
@@ -668,8 +706,17 @@ type Snapshot struct {
 	// change to the objects the control plane watches: a lower bound, so
 	// that tables from different replicas can be ordered. 0 when unknown.
 	ResourceVersion uint64 `protobuf:"varint,4,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Runs of entries compressed, sent only to an agent that announced
+	// Capabilities.zstd_entries. Each is one zstd frame, with its content
+	// size, whose content is encoded `entries` fields (tags included). The
+	// agent puts each frame's content where the frame is, in place of the
+	// field, and decodes the result as a Snapshot: the entries stay in key
+	// order, and the version is the sum of the hashes of what the frames
+	// hold, as for plain entries. The frames are compressed once per table
+	// shared by many nodes, so that every agent gets the same bytes.
+	ZstdEntries   [][]byte `protobuf:"bytes,5,rep,name=zstd_entries,json=zstdEntries,proto3" json:"zstd_entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -728,6 +775,13 @@ func (x *Snapshot) GetResourceVersion() uint64 {
 		return x.ResourceVersion
 	}
 	return 0
+}
+
+func (x *Snapshot) GetZstdEntries() [][]byte {
+	if x != nil {
+		return x.ZstdEntries
+	}
+	return nil
 }
 
 // Delta transforms the table at base_version into the table at version.
@@ -996,7 +1050,10 @@ func (*ListNodesRequest) Descriptor() ([]byte, []int) {
 type ListNodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Sorted by node name.
-	Nodes         []*NodeStatus `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []*NodeStatus `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The latest changes this replica published and how far each has
+	// reached the agents connected to it, newest first (see Convergence).
+	Convergence   []*Convergence `protobuf:"bytes,2,rep,name=convergence,proto3" json:"convergence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1034,6 +1091,13 @@ func (*ListNodesResponse) Descriptor() ([]byte, []int) {
 func (x *ListNodesResponse) GetNodes() []*NodeStatus {
 	if x != nil {
 		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ListNodesResponse) GetConvergence() []*Convergence {
+	if x != nil {
+		return x.Convergence
 	}
 	return nil
 }
@@ -1078,7 +1142,10 @@ type NodeStatus struct {
 	// that started behind). Unset while the agent is current, and for a
 	// node not connected to this replica. It keeps growing after a NACK,
 	// since the agent stays on its older table.
-	Lag           *durationpb.Duration `protobuf:"bytes,15,opt,name=lag,proto3" json:"lag,omitempty"`
+	Lag *durationpb.Duration `protobuf:"bytes,15,opt,name=lag,proto3" json:"lag,omitempty"`
+	// Drift repairs the agent reported (SyncRequest.drift), one per
+	// dataplane and family; kept after it disconnects, like the last NACK.
+	Drift         []*DriftRepair `protobuf:"bytes,16,rep,name=drift,proto3" json:"drift,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1214,6 +1281,13 @@ func (x *NodeStatus) GetCurrentVersion() string {
 func (x *NodeStatus) GetLag() *durationpb.Duration {
 	if x != nil {
 		return x.Lag
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetDrift() []*DriftRepair {
+	if x != nil {
+		return x.Drift
 	}
 	return nil
 }
@@ -1439,31 +1513,426 @@ func (x *Event) GetLastSeen() *timestamppb.Timestamp {
 	return nil
 }
 
+// DriftReport lists an agent's drift repairs: rules someone else changed
+// (another proxy, a CNI, an operator) that the agent's drift check found
+// and a full sync put back.
+type DriftReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per dataplane and IP family that repaired drift; at most 8. A
+	// control plane trims a report beyond its bounds, and goes on.
+	Repairs       []*DriftRepair `protobuf:"bytes,1,rep,name=repairs,proto3" json:"repairs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriftReport) Reset() {
+	*x = DriftReport{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftReport) ProtoMessage() {}
+
+func (x *DriftReport) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftReport.ProtoReflect.Descriptor instead.
+func (*DriftReport) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DriftReport) GetRepairs() []*DriftRepair {
+	if x != nil {
+		return x.Repairs
+	}
+	return nil
+}
+
+// DriftRepair counts one dataplane family's drift repairs since the
+// agent started.
+type DriftRepair struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The dataplane ("nftables", "iptables", "ipvs").
+	Dataplane string `protobuf:"bytes,1,opt,name=dataplane,proto3" json:"dataplane,omitempty"`
+	// The IP family ("IPv4", "IPv6").
+	IpFamily string `protobuf:"bytes,2,opt,name=ip_family,json=ipFamily,proto3" json:"ip_family,omitempty"`
+	// Repairs since the agent started.
+	Count uint64 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	// When the first repair happened: a new value tells the control plane
+	// the agent restarted, and counts from 0 again.
+	FirstRepairedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=first_repaired_at,json=firstRepairedAt,proto3" json:"first_repaired_at,omitempty"`
+	// When the last repair happened.
+	LastRepairedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_repaired_at,json=lastRepairedAt,proto3" json:"last_repaired_at,omitempty"`
+	// What the last check found changed, for the operator; at most 256
+	// bytes.
+	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriftRepair) Reset() {
+	*x = DriftRepair{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftRepair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftRepair) ProtoMessage() {}
+
+func (x *DriftRepair) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftRepair.ProtoReflect.Descriptor instead.
+func (*DriftRepair) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DriftRepair) GetDataplane() string {
+	if x != nil {
+		return x.Dataplane
+	}
+	return ""
+}
+
+func (x *DriftRepair) GetIpFamily() string {
+	if x != nil {
+		return x.IpFamily
+	}
+	return ""
+}
+
+func (x *DriftRepair) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *DriftRepair) GetFirstRepairedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.FirstRepairedAt
+	}
+	return nil
+}
+
+func (x *DriftRepair) GetLastRepairedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRepairedAt
+	}
+	return nil
+}
+
+func (x *DriftRepair) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+// Convergence is how far one change has reached the agents connected to
+// the replica that answers: the cluster-wide network programming SLI,
+// for this replica's share of the nodes (docs/metrics.md).
+type Convergence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replica's world revision that published the change: it orders
+	// changes on one replica only.
+	Revision uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Keys of the Services the change altered, sorted; at most 5.
+	Services []string `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// How many Services the change altered.
+	ServicesChanged uint32 `protobuf:"varint,3,opt,name=services_changed,json=servicesChanged,proto3" json:"services_changed,omitempty"`
+	// When the change started: the earliest
+	// endpoints.kubernetes.io/last-change-trigger-time among the Services
+	// it altered that brought a newer one, or, when earlier or when none
+	// did, when the control plane published the first of the worlds it
+	// covers.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// Whether started_at comes from the annotation.
+	FromTriggerTime bool `protobuf:"varint,5,opt,name=from_trigger_time,json=fromTriggerTime,proto3" json:"from_trigger_time,omitempty"`
+	// Agents that must receive it: those connected to this replica when it
+	// was published whose table it alters, less those that left (left).
+	Nodes uint32 `protobuf:"varint,6,opt,name=nodes,proto3" json:"nodes,omitempty"`
+	// How many of them have acknowledged a table that contains it.
+	Converged uint32 `protobuf:"varint,7,opt,name=converged,proto3" json:"converged,omitempty"`
+	// The quantiles reached so far (0.5, 0.9, 0.99, 1), in that order.
+	Reached []*QuantileReached `protobuf:"bytes,8,rep,name=reached,proto3" json:"reached,omitempty"`
+	// Nodes that have not converged, sorted by name; at most 10.
+	Pending []*PendingNode `protobuf:"bytes,9,rep,name=pending,proto3" json:"pending,omitempty"`
+	// Agents that left this replica (disconnected, or moved to another)
+	// before they converged: they no longer count in nodes, and their
+	// convergence, if any, is another replica's to measure.
+	Left          uint32 `protobuf:"varint,10,opt,name=left,proto3" json:"left,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Convergence) Reset() {
+	*x = Convergence{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Convergence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Convergence) ProtoMessage() {}
+
+func (x *Convergence) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Convergence.ProtoReflect.Descriptor instead.
+func (*Convergence) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *Convergence) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *Convergence) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *Convergence) GetServicesChanged() uint32 {
+	if x != nil {
+		return x.ServicesChanged
+	}
+	return 0
+}
+
+func (x *Convergence) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *Convergence) GetFromTriggerTime() bool {
+	if x != nil {
+		return x.FromTriggerTime
+	}
+	return false
+}
+
+func (x *Convergence) GetNodes() uint32 {
+	if x != nil {
+		return x.Nodes
+	}
+	return 0
+}
+
+func (x *Convergence) GetConverged() uint32 {
+	if x != nil {
+		return x.Converged
+	}
+	return 0
+}
+
+func (x *Convergence) GetReached() []*QuantileReached {
+	if x != nil {
+		return x.Reached
+	}
+	return nil
+}
+
+func (x *Convergence) GetPending() []*PendingNode {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+func (x *Convergence) GetLeft() uint32 {
+	if x != nil {
+		return x.Left
+	}
+	return 0
+}
+
+// QuantileReached says when a share of a change's nodes had converged.
+type QuantileReached struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The share of the nodes, 0.5 for half of them.
+	Quantile float64 `protobuf:"fixed64,1,opt,name=quantile,proto3" json:"quantile,omitempty"`
+	// Time from the change's start until that share had converged.
+	After         *durationpb.Duration `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuantileReached) Reset() {
+	*x = QuantileReached{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuantileReached) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuantileReached) ProtoMessage() {}
+
+func (x *QuantileReached) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuantileReached.ProtoReflect.Descriptor instead.
+func (*QuantileReached) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *QuantileReached) GetQuantile() float64 {
+	if x != nil {
+		return x.Quantile
+	}
+	return 0
+}
+
+func (x *QuantileReached) GetAfter() *durationpb.Duration {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+// PendingNode is a node that has not yet converged to a change.
+type PendingNode struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Node name.
+	NodeName string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// "pending" (connected, not acknowledged yet), "nacked" (rejected a
+	// table that holds the change) or "disconnected" (its agent left this
+	// replica a moment ago; it is then counted in left instead).
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingNode) Reset() {
+	*x = PendingNode{}
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingNode) ProtoMessage() {}
+
+func (x *PendingNode) ProtoReflect() protoreflect.Message {
+	mi := &file_proxyplane_v1_sync_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingNode.ProtoReflect.Descriptor instead.
+func (*PendingNode) Descriptor() ([]byte, []int) {
+	return file_proxyplane_v1_sync_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PendingNode) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *PendingNode) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_proxyplane_v1_sync_proto protoreflect.FileDescriptor
 
 const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\n" +
-	"\x18proxyplane/v1/sync.proto\x12\rproxyplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19proxyplane/v1/table.proto\"\xd0\x01\n" +
+	"\x18proxyplane/v1/sync.proto\x12\rproxyplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bproxyplane/v1/explain.proto\x1a\x19proxyplane/v1/table.proto\"\x82\x02\n" +
 	"\vSyncRequest\x12,\n" +
 	"\x05hello\x18\x01 \x01(\v2\x14.proxyplane.v1.HelloH\x00R\x05hello\x12&\n" +
 	"\x03ack\x18\x02 \x01(\v2\x12.proxyplane.v1.AckH\x00R\x03ack\x12)\n" +
 	"\x04nack\x18\x03 \x01(\v2\x13.proxyplane.v1.NackH\x00R\x04nack\x128\n" +
-	"\tkeepalive\x18\x04 \x01(\v2\x18.proxyplane.v1.KeepaliveH\x00R\tkeepaliveB\x06\n" +
-	"\x04kind\"\xd1\x02\n" +
+	"\tkeepalive\x18\x04 \x01(\v2\x18.proxyplane.v1.KeepaliveH\x00R\tkeepalive\x120\n" +
+	"\x05drift\x18\x05 \x01(\v2\x1a.proxyplane.v1.DriftReportR\x05driftB\x06\n" +
+	"\x04kind\"\xf8\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12?\n" +
 	"\fcapabilities\x18\x02 \x01(\v2\x1b.proxyplane.v1.CapabilitiesR\fcapabilities\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12H\n" +
 	"\fentry_hashes\x18\x04 \x03(\v2%.proxyplane.v1.Hello.EntryHashesEntryR\ventryHashes\x12\x1b\n" +
 	"\tnode_hash\x18\x05 \x01(\x06R\bnodeHash\x12)\n" +
-	"\x10resource_version\x18\x06 \x01(\x04R\x0fresourceVersion\x1a>\n" +
+	"\x10resource_version\x18\x06 \x01(\x04R\x0fresourceVersion\x12%\n" +
+	"\x0enode_addresses\x18\a \x03(\tR\rnodeAddresses\x1a>\n" +
 	"\x10EntryHashesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x06R\x05value:\x028\x01\"i\n" +
+	"\x05value\x18\x02 \x01(\x06R\x05value:\x028\x01\"\x8c\x01\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06deltas\x18\x01 \x01(\bR\x06deltas\x12\x1c\n" +
 	"\tdataplane\x18\x02 \x01(\tR\tdataplane\x12#\n" +
-	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\"5\n" +
+	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12!\n" +
+	"\fzstd_entries\x18\x04 \x01(\bR\vzstdEntries\"5\n" +
 	"\x03Ack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"\x8a\x01\n" +
@@ -1483,12 +1952,13 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\bsnapshot\x18\x02 \x01(\v2\x17.proxyplane.v1.SnapshotH\x00R\bsnapshot\x12,\n" +
 	"\x05delta\x18\x03 \x01(\v2\x14.proxyplane.v1.DeltaH\x00R\x05delta\x128\n" +
 	"\tkeepalive\x18\x04 \x01(\v2\x18.proxyplane.v1.KeepaliveH\x00R\tkeepaliveB\x06\n" +
-	"\x04kind\"\xb3\x01\n" +
+	"\x04kind\"\xd6\x01\n" +
 	"\bSnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12+\n" +
 	"\x04node\x18\x02 \x01(\v2\x17.proxyplane.v1.NodeInfoR\x04node\x125\n" +
 	"\aentries\x18\x03 \x03(\v2\x1b.proxyplane.v1.ServiceEntryR\aentries\x12)\n" +
-	"\x10resource_version\x18\x04 \x01(\x04R\x0fresourceVersion\"\xef\x01\n" +
+	"\x10resource_version\x18\x04 \x01(\x04R\x0fresourceVersion\x12!\n" +
+	"\fzstd_entries\x18\x05 \x03(\fR\vzstdEntries\"\xef\x01\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\tR\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12+\n" +
@@ -1502,9 +1972,10 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\bsnapshot\x18\x01 \x01(\v2\x17.proxyplane.v1.SnapshotH\x00R\bsnapshot\x12,\n" +
 	"\x05delta\x18\x02 \x01(\v2\x14.proxyplane.v1.DeltaH\x00R\x05deltaB\x06\n" +
 	"\x04kind\"\x12\n" +
-	"\x10ListNodesRequest\"D\n" +
+	"\x10ListNodesRequest\"\x82\x01\n" +
 	"\x11ListNodesResponse\x12/\n" +
-	"\x05nodes\x18\x01 \x03(\v2\x19.proxyplane.v1.NodeStatusR\x05nodes\"\xca\x04\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x19.proxyplane.v1.NodeStatusR\x05nodes\x12<\n" +
+	"\vconvergence\x18\x02 \x03(\v2\x1a.proxyplane.v1.ConvergenceR\vconvergence\"\xfc\x04\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x14\n" +
@@ -1525,7 +1996,8 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\n" +
 	"bytes_sent\x18\r \x01(\x04R\tbytesSent\x12'\n" +
 	"\x0fcurrent_version\x18\x0e \x01(\tR\x0ecurrentVersion\x12+\n" +
-	"\x03lag\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\x03lag\"\x13\n" +
+	"\x03lag\x18\x0f \x01(\v2\x19.google.protobuf.DurationR\x03lag\x120\n" +
+	"\x05drift\x18\x10 \x03(\v2\x1a.proxyplane.v1.DriftRepairR\x05drift\"\x13\n" +
 	"\x11ListEventsRequest\"\\\n" +
 	"\x12ListEventsResponse\x12,\n" +
 	"\x06events\x18\x01 \x03(\v2\x14.proxyplane.v1.EventR\x06events\x12\x18\n" +
@@ -1540,14 +2012,43 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\x05count\x18\a \x01(\rR\x05count\x129\n" +
 	"\n" +
 	"first_seen\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tfirstSeen\x127\n" +
-	"\tlast_seen\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen2\xcb\x02\n" +
+	"\tlast_seen\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\"C\n" +
+	"\vDriftReport\x124\n" +
+	"\arepairs\x18\x01 \x03(\v2\x1a.proxyplane.v1.DriftRepairR\arepairs\"\x84\x02\n" +
+	"\vDriftRepair\x12\x1c\n" +
+	"\tdataplane\x18\x01 \x01(\tR\tdataplane\x12\x1b\n" +
+	"\tip_family\x18\x02 \x01(\tR\bipFamily\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\x12F\n" +
+	"\x11first_repaired_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0ffirstRepairedAt\x12D\n" +
+	"\x10last_repaired_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x0elastRepairedAt\x12\x16\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\"\x8f\x03\n" +
+	"\vConvergence\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x1a\n" +
+	"\bservices\x18\x02 \x03(\tR\bservices\x12)\n" +
+	"\x10services_changed\x18\x03 \x01(\rR\x0fservicesChanged\x129\n" +
+	"\n" +
+	"started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12*\n" +
+	"\x11from_trigger_time\x18\x05 \x01(\bR\x0ffromTriggerTime\x12\x14\n" +
+	"\x05nodes\x18\x06 \x01(\rR\x05nodes\x12\x1c\n" +
+	"\tconverged\x18\a \x01(\rR\tconverged\x128\n" +
+	"\areached\x18\b \x03(\v2\x1e.proxyplane.v1.QuantileReachedR\areached\x124\n" +
+	"\apending\x18\t \x03(\v2\x1a.proxyplane.v1.PendingNodeR\apending\x12\x12\n" +
+	"\x04left\x18\n" +
+	" \x01(\rR\x04left\"^\n" +
+	"\x0fQuantileReached\x12\x1a\n" +
+	"\bquantile\x18\x01 \x01(\x01R\bquantile\x12/\n" +
+	"\x05after\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05after\"B\n" +
+	"\vPendingNode\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason2\x95\x03\n" +
 	"\fTableService\x12C\n" +
 	"\x04Sync\x12\x1a.proxyplane.v1.SyncRequest\x1a\x1b.proxyplane.v1.SyncResponse(\x010\x01\x12S\n" +
 	"\n" +
 	"WatchTable\x12 .proxyplane.v1.WatchTableRequest\x1a!.proxyplane.v1.WatchTableResponse0\x01\x12N\n" +
 	"\tListNodes\x12\x1f.proxyplane.v1.ListNodesRequest\x1a .proxyplane.v1.ListNodesResponse\x12Q\n" +
 	"\n" +
-	"ListEvents\x12 .proxyplane.v1.ListEventsRequest\x1a!.proxyplane.v1.ListEventsResponseBAZ?github.com/proxyplane/proxyplane/gen/proxyplane/v1;proxyplanev1b\x06proto3"
+	"ListEvents\x12 .proxyplane.v1.ListEventsRequest\x1a!.proxyplane.v1.ListEventsResponse\x12H\n" +
+	"\aExplain\x12\x1d.proxyplane.v1.ExplainRequest\x1a\x1e.proxyplane.v1.ExplainResponseBAZ?github.com/proxyplane/proxyplane/gen/proxyplane/v1;proxyplanev1b\x06proto3"
 
 var (
 	file_proxyplane_v1_sync_proto_rawDescOnce sync.Once
@@ -1561,7 +2062,7 @@ func file_proxyplane_v1_sync_proto_rawDescGZIP() []byte {
 	return file_proxyplane_v1_sync_proto_rawDescData
 }
 
-var file_proxyplane_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_proxyplane_v1_sync_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_proxyplane_v1_sync_proto_goTypes = []any{
 	(*SyncRequest)(nil),           // 0: proxyplane.v1.SyncRequest
 	(*Hello)(nil),                 // 1: proxyplane.v1.Hello
@@ -1581,51 +2082,70 @@ var file_proxyplane_v1_sync_proto_goTypes = []any{
 	(*ListEventsRequest)(nil),     // 15: proxyplane.v1.ListEventsRequest
 	(*ListEventsResponse)(nil),    // 16: proxyplane.v1.ListEventsResponse
 	(*Event)(nil),                 // 17: proxyplane.v1.Event
-	nil,                           // 18: proxyplane.v1.Hello.EntryHashesEntry
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*NodeInfo)(nil),              // 20: proxyplane.v1.NodeInfo
-	(*ServiceEntry)(nil),          // 21: proxyplane.v1.ServiceEntry
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*DriftReport)(nil),           // 18: proxyplane.v1.DriftReport
+	(*DriftRepair)(nil),           // 19: proxyplane.v1.DriftRepair
+	(*Convergence)(nil),           // 20: proxyplane.v1.Convergence
+	(*QuantileReached)(nil),       // 21: proxyplane.v1.QuantileReached
+	(*PendingNode)(nil),           // 22: proxyplane.v1.PendingNode
+	nil,                           // 23: proxyplane.v1.Hello.EntryHashesEntry
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*NodeInfo)(nil),              // 25: proxyplane.v1.NodeInfo
+	(*ServiceEntry)(nil),          // 26: proxyplane.v1.ServiceEntry
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*ExplainRequest)(nil),        // 28: proxyplane.v1.ExplainRequest
+	(*ExplainResponse)(nil),       // 29: proxyplane.v1.ExplainResponse
 }
 var file_proxyplane_v1_sync_proto_depIdxs = []int32{
 	1,  // 0: proxyplane.v1.SyncRequest.hello:type_name -> proxyplane.v1.Hello
 	3,  // 1: proxyplane.v1.SyncRequest.ack:type_name -> proxyplane.v1.Ack
 	4,  // 2: proxyplane.v1.SyncRequest.nack:type_name -> proxyplane.v1.Nack
 	6,  // 3: proxyplane.v1.SyncRequest.keepalive:type_name -> proxyplane.v1.Keepalive
-	2,  // 4: proxyplane.v1.Hello.capabilities:type_name -> proxyplane.v1.Capabilities
-	18, // 5: proxyplane.v1.Hello.entry_hashes:type_name -> proxyplane.v1.Hello.EntryHashesEntry
-	5,  // 6: proxyplane.v1.Nack.entry_errors:type_name -> proxyplane.v1.EntryError
-	19, // 7: proxyplane.v1.Keepalive.sent_at:type_name -> google.protobuf.Timestamp
-	8,  // 8: proxyplane.v1.SyncResponse.snapshot:type_name -> proxyplane.v1.Snapshot
-	9,  // 9: proxyplane.v1.SyncResponse.delta:type_name -> proxyplane.v1.Delta
-	6,  // 10: proxyplane.v1.SyncResponse.keepalive:type_name -> proxyplane.v1.Keepalive
-	20, // 11: proxyplane.v1.Snapshot.node:type_name -> proxyplane.v1.NodeInfo
-	21, // 12: proxyplane.v1.Snapshot.entries:type_name -> proxyplane.v1.ServiceEntry
-	20, // 13: proxyplane.v1.Delta.node:type_name -> proxyplane.v1.NodeInfo
-	21, // 14: proxyplane.v1.Delta.upserts:type_name -> proxyplane.v1.ServiceEntry
-	8,  // 15: proxyplane.v1.WatchTableResponse.snapshot:type_name -> proxyplane.v1.Snapshot
-	9,  // 16: proxyplane.v1.WatchTableResponse.delta:type_name -> proxyplane.v1.Delta
-	14, // 17: proxyplane.v1.ListNodesResponse.nodes:type_name -> proxyplane.v1.NodeStatus
-	2,  // 18: proxyplane.v1.NodeStatus.capabilities:type_name -> proxyplane.v1.Capabilities
-	19, // 19: proxyplane.v1.NodeStatus.connected_at:type_name -> google.protobuf.Timestamp
-	19, // 20: proxyplane.v1.NodeStatus.acked_at:type_name -> google.protobuf.Timestamp
-	22, // 21: proxyplane.v1.NodeStatus.lag:type_name -> google.protobuf.Duration
-	17, // 22: proxyplane.v1.ListEventsResponse.events:type_name -> proxyplane.v1.Event
-	19, // 23: proxyplane.v1.Event.first_seen:type_name -> google.protobuf.Timestamp
-	19, // 24: proxyplane.v1.Event.last_seen:type_name -> google.protobuf.Timestamp
-	0,  // 25: proxyplane.v1.TableService.Sync:input_type -> proxyplane.v1.SyncRequest
-	10, // 26: proxyplane.v1.TableService.WatchTable:input_type -> proxyplane.v1.WatchTableRequest
-	12, // 27: proxyplane.v1.TableService.ListNodes:input_type -> proxyplane.v1.ListNodesRequest
-	15, // 28: proxyplane.v1.TableService.ListEvents:input_type -> proxyplane.v1.ListEventsRequest
-	7,  // 29: proxyplane.v1.TableService.Sync:output_type -> proxyplane.v1.SyncResponse
-	11, // 30: proxyplane.v1.TableService.WatchTable:output_type -> proxyplane.v1.WatchTableResponse
-	13, // 31: proxyplane.v1.TableService.ListNodes:output_type -> proxyplane.v1.ListNodesResponse
-	16, // 32: proxyplane.v1.TableService.ListEvents:output_type -> proxyplane.v1.ListEventsResponse
-	29, // [29:33] is the sub-list for method output_type
-	25, // [25:29] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	18, // 4: proxyplane.v1.SyncRequest.drift:type_name -> proxyplane.v1.DriftReport
+	2,  // 5: proxyplane.v1.Hello.capabilities:type_name -> proxyplane.v1.Capabilities
+	23, // 6: proxyplane.v1.Hello.entry_hashes:type_name -> proxyplane.v1.Hello.EntryHashesEntry
+	5,  // 7: proxyplane.v1.Nack.entry_errors:type_name -> proxyplane.v1.EntryError
+	24, // 8: proxyplane.v1.Keepalive.sent_at:type_name -> google.protobuf.Timestamp
+	8,  // 9: proxyplane.v1.SyncResponse.snapshot:type_name -> proxyplane.v1.Snapshot
+	9,  // 10: proxyplane.v1.SyncResponse.delta:type_name -> proxyplane.v1.Delta
+	6,  // 11: proxyplane.v1.SyncResponse.keepalive:type_name -> proxyplane.v1.Keepalive
+	25, // 12: proxyplane.v1.Snapshot.node:type_name -> proxyplane.v1.NodeInfo
+	26, // 13: proxyplane.v1.Snapshot.entries:type_name -> proxyplane.v1.ServiceEntry
+	25, // 14: proxyplane.v1.Delta.node:type_name -> proxyplane.v1.NodeInfo
+	26, // 15: proxyplane.v1.Delta.upserts:type_name -> proxyplane.v1.ServiceEntry
+	8,  // 16: proxyplane.v1.WatchTableResponse.snapshot:type_name -> proxyplane.v1.Snapshot
+	9,  // 17: proxyplane.v1.WatchTableResponse.delta:type_name -> proxyplane.v1.Delta
+	14, // 18: proxyplane.v1.ListNodesResponse.nodes:type_name -> proxyplane.v1.NodeStatus
+	20, // 19: proxyplane.v1.ListNodesResponse.convergence:type_name -> proxyplane.v1.Convergence
+	2,  // 20: proxyplane.v1.NodeStatus.capabilities:type_name -> proxyplane.v1.Capabilities
+	24, // 21: proxyplane.v1.NodeStatus.connected_at:type_name -> google.protobuf.Timestamp
+	24, // 22: proxyplane.v1.NodeStatus.acked_at:type_name -> google.protobuf.Timestamp
+	27, // 23: proxyplane.v1.NodeStatus.lag:type_name -> google.protobuf.Duration
+	19, // 24: proxyplane.v1.NodeStatus.drift:type_name -> proxyplane.v1.DriftRepair
+	17, // 25: proxyplane.v1.ListEventsResponse.events:type_name -> proxyplane.v1.Event
+	24, // 26: proxyplane.v1.Event.first_seen:type_name -> google.protobuf.Timestamp
+	24, // 27: proxyplane.v1.Event.last_seen:type_name -> google.protobuf.Timestamp
+	19, // 28: proxyplane.v1.DriftReport.repairs:type_name -> proxyplane.v1.DriftRepair
+	24, // 29: proxyplane.v1.DriftRepair.first_repaired_at:type_name -> google.protobuf.Timestamp
+	24, // 30: proxyplane.v1.DriftRepair.last_repaired_at:type_name -> google.protobuf.Timestamp
+	24, // 31: proxyplane.v1.Convergence.started_at:type_name -> google.protobuf.Timestamp
+	21, // 32: proxyplane.v1.Convergence.reached:type_name -> proxyplane.v1.QuantileReached
+	22, // 33: proxyplane.v1.Convergence.pending:type_name -> proxyplane.v1.PendingNode
+	27, // 34: proxyplane.v1.QuantileReached.after:type_name -> google.protobuf.Duration
+	0,  // 35: proxyplane.v1.TableService.Sync:input_type -> proxyplane.v1.SyncRequest
+	10, // 36: proxyplane.v1.TableService.WatchTable:input_type -> proxyplane.v1.WatchTableRequest
+	12, // 37: proxyplane.v1.TableService.ListNodes:input_type -> proxyplane.v1.ListNodesRequest
+	15, // 38: proxyplane.v1.TableService.ListEvents:input_type -> proxyplane.v1.ListEventsRequest
+	28, // 39: proxyplane.v1.TableService.Explain:input_type -> proxyplane.v1.ExplainRequest
+	7,  // 40: proxyplane.v1.TableService.Sync:output_type -> proxyplane.v1.SyncResponse
+	11, // 41: proxyplane.v1.TableService.WatchTable:output_type -> proxyplane.v1.WatchTableResponse
+	13, // 42: proxyplane.v1.TableService.ListNodes:output_type -> proxyplane.v1.ListNodesResponse
+	16, // 43: proxyplane.v1.TableService.ListEvents:output_type -> proxyplane.v1.ListEventsResponse
+	29, // 44: proxyplane.v1.TableService.Explain:output_type -> proxyplane.v1.ExplainResponse
+	40, // [40:45] is the sub-list for method output_type
+	35, // [35:40] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_proxyplane_v1_sync_proto_init() }
@@ -1633,6 +2153,7 @@ func file_proxyplane_v1_sync_proto_init() {
 	if File_proxyplane_v1_sync_proto != nil {
 		return
 	}
+	file_proxyplane_v1_explain_proto_init()
 	file_proxyplane_v1_table_proto_init()
 	file_proxyplane_v1_sync_proto_msgTypes[0].OneofWrappers = []any{
 		(*SyncRequest_Hello)(nil),
@@ -1655,7 +2176,7 @@ func file_proxyplane_v1_sync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_proxyplane_v1_sync_proto_rawDesc), len(file_proxyplane_v1_sync_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

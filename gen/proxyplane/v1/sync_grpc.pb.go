@@ -23,6 +23,7 @@ const (
 	TableService_WatchTable_FullMethodName = "/proxyplane.v1.TableService/WatchTable"
 	TableService_ListNodes_FullMethodName  = "/proxyplane.v1.TableService/ListNodes"
 	TableService_ListEvents_FullMethodName = "/proxyplane.v1.TableService/ListEvents"
+	TableService_Explain_FullMethodName    = "/proxyplane.v1.TableService/Explain"
 )
 
 // TableServiceClient is the client API for TableService service.
@@ -59,6 +60,15 @@ type TableServiceClient interface {
 	// one Event per object, like a Kubernetes Event. An Event disappears once
 	// its object is valid again or deleted.
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
+	// Explain says what one node programs for one Service and why: per
+	// port and IP family its addresses, which endpoints it uses for
+	// cluster-wide and for local traffic (topology hints, traffic policies,
+	// the terminating fallback), whether a source may reach its load
+	// balancer IPs, and whether the node has acknowledged the table
+	// version holding it. Authorized as WatchTable of that node. NotFound
+	// for a node or Service this replica does not know, or a port the
+	// Service lacks.
+	Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error)
 }
 
 type tableServiceClient struct {
@@ -121,6 +131,16 @@ func (c *tableServiceClient) ListEvents(ctx context.Context, in *ListEventsReque
 	return out, nil
 }
 
+func (c *tableServiceClient) Explain(ctx context.Context, in *ExplainRequest, opts ...grpc.CallOption) (*ExplainResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExplainResponse)
+	err := c.cc.Invoke(ctx, TableService_Explain_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TableServiceServer is the server API for TableService service.
 // All implementations must embed UnimplementedTableServiceServer
 // for forward compatibility.
@@ -155,6 +175,15 @@ type TableServiceServer interface {
 	// one Event per object, like a Kubernetes Event. An Event disappears once
 	// its object is valid again or deleted.
 	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
+	// Explain says what one node programs for one Service and why: per
+	// port and IP family its addresses, which endpoints it uses for
+	// cluster-wide and for local traffic (topology hints, traffic policies,
+	// the terminating fallback), whether a source may reach its load
+	// balancer IPs, and whether the node has acknowledged the table
+	// version holding it. Authorized as WatchTable of that node. NotFound
+	// for a node or Service this replica does not know, or a port the
+	// Service lacks.
+	Explain(context.Context, *ExplainRequest) (*ExplainResponse, error)
 	mustEmbedUnimplementedTableServiceServer()
 }
 
@@ -176,6 +205,9 @@ func (UnimplementedTableServiceServer) ListNodes(context.Context, *ListNodesRequ
 }
 func (UnimplementedTableServiceServer) ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEvents not implemented")
+}
+func (UnimplementedTableServiceServer) Explain(context.Context, *ExplainRequest) (*ExplainResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Explain not implemented")
 }
 func (UnimplementedTableServiceServer) mustEmbedUnimplementedTableServiceServer() {}
 func (UnimplementedTableServiceServer) testEmbeddedByValue()                      {}
@@ -252,6 +284,24 @@ func _TableService_ListEvents_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TableService_Explain_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExplainRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TableServiceServer).Explain(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TableService_Explain_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TableServiceServer).Explain(ctx, req.(*ExplainRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TableService_ServiceDesc is the grpc.ServiceDesc for TableService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -266,6 +316,10 @@ var TableService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListEvents",
 			Handler:    _TableService_ListEvents_Handler,
+		},
+		{
+			MethodName: "Explain",
+			Handler:    _TableService_Explain_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

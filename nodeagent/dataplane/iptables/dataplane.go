@@ -82,13 +82,23 @@ type engine struct {
 	// outlives Forget: full syncs verify the jumps inside the restore
 	// anyway (see writeJumps).
 	jumpsOK bool
+	// repaired says what the sync under way found changed behind our back
+	// and put back (see Repaired); Prepare clears it.
+	repaired string
 }
 
 var (
-	_ dataplane.Backend     = (*engine)(nil)
-	_ dataplane.Cleaner     = (*engine)(nil)
-	_ dataplane.RuleCounter = (*engine)(nil)
+	_ dataplane.Backend        = (*engine)(nil)
+	_ dataplane.Cleaner        = (*engine)(nil)
+	_ dataplane.RuleCounter    = (*engine)(nil)
+	_ dataplane.RepairReporter = (*engine)(nil)
 )
+
+// Repaired implements dataplane.RepairReporter: a full sync that found a
+// jump from a built-in chain gone (a firewall reload, an operator's
+// iptables -F) and put it back. Other changes to our chains are undone by
+// every full sync's restore without being noticed.
+func (e *engine) Repaired() string { return e.repaired }
 
 // RuleCounts implements dataplane.RuleCounter.
 func (e *engine) RuleCounts() []dataplane.TableRules { return e.rules }
@@ -123,7 +133,7 @@ func ownsChain(name string) bool {
 // first call, and resolves the parameters every rule depends on (the
 // node's pod CIDR in NodeCIDR mode among them).
 func (e *engine) Prepare(ctx context.Context, t *proxytable.Table) (string, error) {
-	e.rules = nil
+	e.rules, e.repaired = nil, ""
 	r, err := e.tools.Runner(ctx)
 	if err != nil {
 		return "", err
@@ -182,6 +192,7 @@ func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []strin
 			// by one. nat may hold the failed input's chains if only
 			// filter failed.
 			e.jumpsOK = false
+			e.repaired = fmt.Sprintf("%v: a jump from a built-in chain was gone", e.cfg.Family)
 			for _, s := range rs.next.services {
 				existing = append(existing, s.chains...)
 			}

@@ -56,9 +56,9 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 	if cidr := set.LocalCIDR(node); cidr.IsValid() {
 		p.localCIDR = cidr.String()
 	}
-	all, cidrs := set.NodePorts(node)
+	all, cidrs := set.NodePorts(p.nodeIPs)
 	p.nodePortAll, p.nodePortCIDRs = all, strs(cidrs)
-	p.localhostNodePorts = set.LocalhostNodePortsOn(node)
+	p.localhostNodePorts = set.LocalhostNodePortsOn(p.nodeIPs)
 	return p
 }
 

@@ -156,11 +156,8 @@ func (e *engine) Cleanup(ctx context.Context) error {
 	if err != nil {
 		errs = append(errs, kernelOp("list", "virtual servers", "", err))
 	}
-	exclude := e.cfg.Family.Prefixes(e.cfg.ExcludeCIDRs)
-	for _, vs := range vss {
-		if e.cfg.Family.Has(vs.Addr) && !slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
-			errs = append(errs, kernelOp("delete", "virtual server", vs.key().String(), e.k.ipvs.DeleteVirtualServer(vs)))
-		}
+	for _, vs := range e.cleanable(vss) {
+		errs = append(errs, kernelOp("delete", "virtual server", vs.key().String(), e.k.ipvs.DeleteVirtualServer(vs)))
 	}
 	addrs, err := e.k.links.LinkAddrs(e.cfg.Interface, e.cfg.Family)
 	errs = append(errs, kernelOp("list addresses of", e.cfg.Interface, "", err))
@@ -202,14 +199,12 @@ func (d *Dataplane) Leftovers(ctx context.Context, rulesOnly bool) ([]string, er
 	for _, a := range addrs {
 		found = append(found, "address "+a.String()+" on "+e.cfg.Interface)
 	}
-	out, err := e.k.ipset.Save(ctx)
+	sets, err := e.existingSets(ctx)
 	if err != nil {
 		return found, err
 	}
-	for id := range numSets {
-		if name := setName(e.cfg.Family, id); strings.Contains(string(out), "create "+name+" ") {
-			found = append(found, "set "+name)
-		}
+	for _, name := range sets {
+		found = append(found, "set "+name)
 	}
 	if len(found) == 0 {
 		return nil, nil
@@ -218,13 +213,38 @@ func (d *Dataplane) Leftovers(ctx context.Context, rulesOnly bool) ([]string, er
 	if err != nil {
 		return found, kernelOp("list", "virtual servers", "", err)
 	}
-	exclude := e.cfg.Family.Prefixes(e.cfg.ExcludeCIDRs)
-	for _, vs := range vss {
-		if e.cfg.Family.Has(vs.Addr) && !slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
-			found = append(found, "virtual server "+vs.key().String())
-		}
+	for _, vs := range e.cleanable(vss) {
+		found = append(found, "virtual server "+vs.key().String())
 	}
 	return found, nil
+}
+
+// cleanable keeps the virtual servers of vss that Cleanup removes: those
+// of the family outside ExcludeCIDRs.
+func (e *engine) cleanable(vss []VirtualServer) []VirtualServer {
+	exclude := e.cfg.Family.Prefixes(e.cfg.ExcludeCIDRs)
+	var out []VirtualServer
+	for _, vs := range vss {
+		if e.cfg.Family.Has(vs.Addr) && !slices.ContainsFunc(exclude, func(p netip.Prefix) bool { return p.Contains(vs.Addr) }) {
+			out = append(out, vs)
+		}
+	}
+	return out
+}
+
+// existingSets returns the names of the family's sets that exist.
+func (e *engine) existingSets(ctx context.Context) ([]string, error) {
+	out, err := e.k.ipset.Save(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for id := range numSets {
+		if name := setName(e.cfg.Family, id); strings.Contains(string(out), "create "+name+" ") {
+			names = append(names, name)
+		}
+	}
+	return names, nil
 }
 
 // IPTablesBackend returns the iptables backend the Dataplane writes to:
@@ -239,16 +259,13 @@ func ownsChain(name string) bool { return strings.HasPrefix(name, xtables.IPVSCh
 
 // destroySets destroys those of the family's sets that exist.
 func (e *engine) destroySets(ctx context.Context) error {
-	out, err := e.k.ipset.Save(ctx)
+	names, err := e.existingSets(ctx)
 	if err != nil {
 		return err
 	}
 	var in strings.Builder
-	for id := range numSets {
-		name := setName(e.cfg.Family, id)
-		if strings.Contains(string(out), "create "+name+" ") {
-			in.WriteString("flush " + name + "\ndestroy " + name + "\n")
-		}
+	for _, name := range names {
+		in.WriteString("flush " + name + "\ndestroy " + name + "\n")
 	}
 	if in.Len() == 0 {
 		return nil

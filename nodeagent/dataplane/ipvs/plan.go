@@ -58,7 +58,7 @@ func newParams(c *Config, node *pb.NodeInfo, nodeAddrs []netip.Addr) *params {
 	}
 	slices.SortFunc(p.nodeAddrs, netip.Addr.Compare)
 	p.nodeAddrs = slices.Compact(p.nodeAddrs)
-	all, cidrs := set.NodePorts(node)
+	all, cidrs := set.NodePorts(p.nodeIPs)
 	for _, a := range p.nodeAddrs {
 		if all || slices.ContainsFunc(cidrs, func(pr netip.Prefix) bool { return pr.Contains(a) }) {
 			p.nodePortAddrs = append(p.nodePortAddrs, a)

@@ -38,7 +38,7 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 		localCIDR:     s.LocalCIDR(node),
 		serviceCIDRs:  s.Family.Prefixes(node.GetServiceCidrs()),
 	}
-	p.nodePortAll, p.nodePortCIDRs = s.NodePorts(node)
+	p.nodePortAll, p.nodePortCIDRs = s.NodePorts(p.nodeIPs)
 	return p
 }
 

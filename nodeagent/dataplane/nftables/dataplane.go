@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
@@ -74,11 +76,14 @@ type backend struct {
 	// the table held and reading gen (see run and Drifted).
 	gen   uint32
 	genOK bool
+	// driftDetail is what the last Drifted that found drift saw.
+	driftDetail string
 }
 
 var (
-	_ dataplane.Backend      = (*backend)(nil)
-	_ dataplane.DriftChecker = (*backend)(nil)
+	_ dataplane.Backend        = (*backend)(nil)
+	_ dataplane.DriftChecker   = (*backend)(nil)
+	_ dataplane.DriftDescriber = (*backend)(nil)
 )
 
 // Prepare implements dataplane.Backend: the parameters every Service's
@@ -226,12 +231,66 @@ func (b *backend) Drifted(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("listing the %v table: %w", b.cfg.Family, err)
 	}
-	if !inv.equal(b.state.inventory()) {
+	if want := b.state.inventory(); !inv.equal(want) {
+		b.driftDetail = fmt.Sprintf("%v table %s: %s", b.cfg.Family, TableName, inv.diff(want))
 		return true, nil
 	}
 	// The table held state at gen: the listing came after reading it.
 	b.gen, b.genOK = gen, true
 	return false, nil
+}
+
+// DriftDetail implements dataplane.DriftDescriber: what the last Drifted
+// that found drift saw.
+func (b *backend) DriftDetail() string { return b.driftDetail }
+
+// diff describes how inv, the kernel's, differs from want, ours.
+func (inv *inventory) diff(want *inventory) string {
+	switch {
+	case inv == nil:
+		return "deleted"
+	case want == nil:
+		return "present, but not ours"
+	}
+	var parts []string
+	for _, d := range []struct {
+		what       string
+		have, want map[string]bool
+	}{{"chains", inv.chains, want.chains}, {"sets and maps", inv.sets, want.sets}} {
+		var missing, added, changed []string
+		for name, v := range d.want {
+			hv, ok := d.have[name]
+			switch {
+			case !ok:
+				missing = append(missing, name)
+			case hv != v:
+				changed = append(changed, name)
+			}
+		}
+		for name := range d.have {
+			if _, ok := d.want[name]; !ok {
+				added = append(added, name)
+			}
+		}
+		for _, l := range []struct {
+			how   string
+			names []string
+		}{{"deleted", missing}, {"added", added}, {"changed", changed}} {
+			if len(l.names) > 0 {
+				parts = append(parts, fmt.Sprintf("%s %s %s", d.what, l.how, shortList(l.names)))
+			}
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// shortList lists up to three names, sorted, and how many more.
+func shortList(names []string) string {
+	slices.Sort(names)
+	if len(names) <= 3 {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:3], ", "), len(names)-3)
 }
 
 // equal reports whether inv and o hold the same objects of the same

@@ -188,16 +188,17 @@ func TestCommitAroundPartialSyncNotMissed(t *testing.T) {
 	}
 }
 
-// TestDriftCheckErrorCountsAsDrift checks that when the generation cannot
-// be read, the full sync lists the table instead of trusting memory.
-func TestDriftCheckErrorCountsAsDrift(t *testing.T) {
+// TestDriftCheckErrorRereadsTheKernel checks that when the generation
+// cannot be read, the full sync lists the table instead of trusting
+// memory, and that the failed check is not reported as a repair.
+func TestDriftCheckErrorRereadsTheKernel(t *testing.T) {
 	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, driftServices()...)
 	s.k.commitBehind(tamperings[0].change)
 	s.k.genErr = &SocketError{Op: "getting the ruleset generation", Err: syscall.EIO}
 	s.mustSync(true, driftServices()...)
-	if !s.rec.Last(t).Drifted || s.k.lists != 2 {
-		t.Errorf("drifted %v, listed %d times; want drift and a second listing", s.rec.Last(t).Drifted, s.k.lists)
+	if last := s.rec.Last(t); last.Drifted || !strings.Contains(last.DriftDetail, "drift check failed") || s.k.lists != 2 {
+		t.Errorf("drifted %v (%q), listed %d times; want no repair reported, why, and a second listing", last.Drifted, last.DriftDetail, s.k.lists)
 	}
 	s.assertKernelLikeFullSync()
 	// Still unable to read the generation: every full sync lists.

@@ -30,6 +30,9 @@ type agent struct {
 	idx  int
 	name string
 	f    *fleet
+	// order is the control plane addresses in the agent's rendezvous
+	// order (Options.Addresses).
+	order []string
 
 	held held // owned by the agent's goroutine
 
@@ -37,7 +40,9 @@ type agent struct {
 	firstAck     atomic.Int64
 	lastAck      atomic.Int64
 	sessionStart atomic.Int64 // 0 when no stream is open
-	sessions     atomic.Uint64
+	// addr is the address of the open stream (nil when none).
+	addr     atomic.Pointer[string]
+	sessions atomic.Uint64
 }
 
 // held is what the agent holds: the version, its node's hash and name,
@@ -51,14 +56,17 @@ type held struct {
 
 // run keeps a stream open until ctx ends, reconnecting as
 // nodeagent/client.Run does: full jitter over a doubling backoff, reset
-// after a stream that lived longer than the maximum.
+// after a stream that lived longer than the maximum; each attempt goes to
+// the address after the one last tried, in the agent's rendezvous order,
+// so that a lost replica's agents spread over the others as real agents
+// do.
 func (a *agent) run(ctx context.Context) {
 	a.held = held{table: hashtable.Empty()}
 	o := a.f.opts
 	backoff := o.BackoffMin
-	for {
+	for next := 0; ; next = (next + 1) % len(a.order) {
 		started := time.Now()
-		err := a.session(ctx)
+		err := a.session(ctx, a.order[next])
 		if ctx.Err() != nil {
 			return
 		}
@@ -79,14 +87,14 @@ func (a *agent) run(ctx context.Context) {
 // session runs one stream until it fails. One goroutine both receives and
 // answers: the simulated agent's apply is short, so keepalives are never
 // held up by it as a real agent's kernel sync would hold them.
-func (a *agent) session(ctx context.Context) error {
+func (a *agent) session(ctx context.Context, addr string) error {
 	o := a.f.opts
 	opts := append(client.TransportOptions(o.MaxRecvMessageBytes), a.f.creds.dialOptions(a.idx)...)
 	// Counts the bytes the control plane sends (TLS records, when TLS is
 	// on), and dials from the agent's own loopback address (sourceAddr).
-	conn, err := grpc.NewClient(o.Address, append(opts, grpc.WithContextDialer(a.dial))...)
+	conn, err := grpc.NewClient(addr, append(opts, grpc.WithContextDialer(a.dial))...)
 	if err != nil {
-		return fmt.Errorf("dialing %s: %w", o.Address, err)
+		return fmt.Errorf("dialing %s: %w", addr, err)
 	}
 	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -94,7 +102,7 @@ func (a *agent) session(ctx context.Context) error {
 	silence := time.AfterFunc(o.SilenceTimeout, func() { cancel(errSilent) })
 	defer silence.Stop()
 
-	c := &codec{slots: a.f.slots}
+	c := &codec{slots: a.f.slots, maxBytes: o.MaxRecvMessageBytes}
 	defer c.release()
 	stream, err := pb.NewTableServiceClient(conn).Sync(ctx, grpc.ForceCodecV2(c))
 	if err != nil {
@@ -105,8 +113,10 @@ func (a *agent) session(ctx context.Context) error {
 		a.f.counters.failures.Add(1)
 		return fmt.Errorf("sending hello: %w", err)
 	}
+	a.addr.Store(&addr)
 	a.sessionStart.Store(time.Now().UnixNano())
 	defer a.sessionStart.Store(0)
+	defer a.addr.Store(nil)
 	if a.sessions.Add(1) > 1 {
 		a.f.counters.reconnects.Add(1)
 	}
@@ -154,7 +164,7 @@ func (a *agent) session(ctx context.Context) error {
 func (a *agent) hello() *rawMessage {
 	h := &pb.Hello{
 		NodeName:     a.name,
-		Capabilities: &pb.Capabilities{Deltas: true, Dataplane: "fleet", AgentVersion: "fleet"},
+		Capabilities: &pb.Capabilities{Deltas: true, Dataplane: "fleet", AgentVersion: "fleet", ZstdEntries: a.f.opts.ZstdEntries},
 		Version:      a.held.version,
 		NodeHash:     a.held.nodeHash,
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/client"
 )
 
 // rawMessage is a request already encoded, sent as is: the hello, whose
@@ -20,10 +21,13 @@ type rawMessage struct{ parts mem.BufferSlice }
 // slot: with thousands of agents on a few cores, unbounded concurrent
 // decoding would hold thousands of decoded snapshots at once. The slot is
 // held until the agent has processed the message (release). It also
-// records each response's size and arrival time.
+// records each response's size and arrival time. Compressed snapshot
+// entries are inflated first, within maxBytes, by nodeagent's own code
+// (client.Inflate).
 type codec struct {
-	slots chan struct{} // shared by every agent; a token is a slot
-	held  atomic.Bool   // this agent holds a slot
+	slots    chan struct{} // shared by every agent; a token is a slot
+	maxBytes int
+	held     atomic.Bool // this agent holds a slot
 	// size and arrived describe the last message decoded; written by
 	// Unmarshal and read after RecvMsg returns, on the same goroutine.
 	size    int
@@ -59,8 +63,12 @@ func (c *codec) Unmarshal(data mem.BufferSlice, v any) error {
 	c.held.Store(true)
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	c.size = buf.Len()
-	if err := proto.Unmarshal(buf.ReadOnlyData(), m); err != nil {
+	c.size = buf.Len() // as received: compressed, when it was
+	plain, err := client.Inflate(buf.ReadOnlyData(), c.maxBytes)
+	if err != nil {
+		return fmt.Errorf("inflating response: %w", err)
+	}
+	if err := proto.Unmarshal(plain, m); err != nil {
 		return fmt.Errorf("decoding response: %w", err)
 	}
 	return nil

@@ -25,13 +25,18 @@ import (
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/contract"
 	"github.com/proxyplane/proxyplane/e2e/cmd/fleet/internal/hashtable"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/rendezvous"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // Options configures the agents' process.
 type Options struct {
-	// Address is the control plane's gRPC address, on 127.0.0.1.
-	Address string
+	// Addresses are the control plane replicas' gRPC addresses, on
+	// 127.0.0.1. Each agent tries them in its rendezvous order
+	// (internal/rendezvous), as nodeagent/client does with its configured
+	// addresses: its first choice, and the next one after each stream
+	// that ends.
+	Addresses []string
 	// Nodes is the number of agents; agent i is node contract.NodeName(NodePrefix, i).
 	Nodes      int
 	NodePrefix string
@@ -47,6 +52,9 @@ type Options struct {
 	MaxRecvMessageBytes int
 	// Decoders bounds responses decoded and processed at once.
 	Decoders int
+	// ZstdEntries: the agents announce Capabilities.zstd_entries and
+	// inflate compressed snapshots as nodeagent/client does.
+	ZstdEntries bool
 	// Lifetime bounds the process: it exits after this long whatever
 	// happens.
 	Lifetime time.Duration
@@ -74,7 +82,7 @@ func NewOptions() *Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Address, "address", o.Address, "Control plane gRPC address (127.0.0.1:port).")
+	fs.StringSliceVar(&o.Addresses, "address", o.Addresses, "Control plane gRPC address (127.0.0.1:port); repeated or comma-separated for replicas.")
 	fs.IntVar(&o.Nodes, "nodes", o.Nodes, "Number of agents.")
 	fs.StringVar(&o.NodePrefix, "node-prefix", o.NodePrefix, "Node name prefix; agent i is <prefix><i, 5 digits>.")
 	fs.Int64Var(&o.TrackAfter, "track-after", o.TrackAfter, "Track entries whose trigger time is after this (Unix nanoseconds).")
@@ -84,6 +92,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SilenceTimeout, "silence-timeout", o.SilenceTimeout, "End a stream silent for this long (nodeagent's).")
 	fs.IntVar(&o.MaxRecvMessageBytes, "max-recv-message-bytes", o.MaxRecvMessageBytes, "Largest response accepted (nodeagent's).")
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses decoded and processed at once.")
+	fs.BoolVar(&o.ZstdEntries, "zstd-entries", o.ZstdEntries, "Announce compressed snapshots and inflate them (nodeagent's client does).")
 	fs.DurationVar(&o.Lifetime, "lifetime", o.Lifetime, "Exit after this long in any case.")
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "Dial with TLS trusting only this PEM bundle (default: plaintext, no tokens).")
 	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "Name the control plane's certificate must carry (with --ca-file).")
@@ -96,8 +105,13 @@ func (o *Options) Limits() (int, time.Duration) { return o.Nodes, o.Lifetime }
 // Validate reports every invalid option at once.
 func (o *Options) Validate() error {
 	var errs []error
-	if host, _, err := net.SplitHostPort(o.Address); err != nil || host != "127.0.0.1" {
-		errs = append(errs, fmt.Errorf("--address %q: want 127.0.0.1:port", o.Address))
+	if len(o.Addresses) == 0 {
+		errs = append(errs, errors.New("--address: at least one"))
+	}
+	for _, a := range o.Addresses {
+		if host, _, err := net.SplitHostPort(a); err != nil || host != "127.0.0.1" {
+			errs = append(errs, fmt.Errorf("--address %q: want 127.0.0.1:port", a))
+		}
 	}
 	// Source addresses are 127.16.0.1 onwards (sourceAddr).
 	if o.Nodes < 1 || o.Nodes > 1<<20 {
@@ -148,7 +162,8 @@ func newFleet(o *Options, creds *credentialSet) *fleet {
 	}
 	f.agents = make([]*agent, o.Nodes)
 	for i := range f.agents {
-		f.agents[i] = &agent{idx: i, name: contract.NodeName(o.NodePrefix, i), f: f}
+		name := contract.NodeName(o.NodePrefix, i)
+		f.agents[i] = &agent{idx: i, name: name, f: f, order: rendezvous.Order(name, o.Addresses)}
 	}
 	return f
 }

@@ -83,7 +83,9 @@ func (f *fleet) report(since int64, bitmaps, versions bool) contract.AgentsRepor
 	if versions {
 		r.Versions = make(map[string]string, len(f.agents))
 		r.SessionStarts = make(map[string]int64, len(f.agents))
+		r.Addresses = make(map[string]string, len(f.agents))
 	}
+	r.Replicas = make(map[string]int, len(f.opts.Addresses))
 	allAcked := true
 	for _, a := range f.agents {
 		if s := a.sessionStart.Load(); s != 0 {
@@ -91,6 +93,12 @@ func (f *fleet) report(since int64, bitmaps, versions bool) contract.AgentsRepor
 			r.SessionStartMax = max(r.SessionStartMax, s)
 			if versions {
 				r.SessionStarts[a.name] = s
+			}
+		}
+		if addr := a.addr.Load(); addr != nil {
+			r.Replicas[*addr]++
+			if versions {
+				r.Addresses[a.name] = *addr
 			}
 		}
 		v := a.version.Load()

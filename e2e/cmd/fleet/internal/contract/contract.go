@@ -68,6 +68,11 @@ type AgentsReport struct {
 	// SessionStarts is each connected agent's hello time, by node name
 	// (on request, with Versions).
 	SessionStarts map[string]int64 `json:"sessionStarts,omitempty"`
+	// Replicas counts the agents with an open stream to each control
+	// plane address; Addresses is each such agent's address, by node
+	// name (on request, with Versions).
+	Replicas  map[string]int    `json:"replicas,omitempty"`
+	Addresses map[string]string `json:"addresses,omitempty"`
 	// Tables describes the shared hash tables.
 	Tables TableStats `json:"tables"`
 	// Changes are the tracked changes, oldest first.

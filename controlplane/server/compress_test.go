@@ -1,0 +1,170 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/proxyplane/proxyplane/controlplane/compute"
+	"github.com/proxyplane/proxyplane/controlplane/table"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// inflatingCodec decodes responses as the agent's codec does: compressed
+// entries inflated in place (nodeagent/client.Inflate, which the control
+// plane may not import), then the generated types.
+type inflatingCodec struct {
+	encoding.CodecV2
+	t testing.TB
+}
+
+func (c inflatingCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	var r pb.SyncResponse
+	if err := proto.Unmarshal(data.Materialize(), &r); err != nil {
+		return err
+	}
+	if s := r.GetSnapshot(); len(s.GetZstdEntries()) > 0 {
+		b, err := proto.Marshal(s)
+		if err != nil {
+			return err
+		}
+		plain := &pb.Snapshot{}
+		if err := proto.Unmarshal(inflateSnapshot(c.t, b), plain); err != nil {
+			return err
+		}
+		r.Kind = &pb.SyncResponse_Snapshot{Snapshot: plain}
+	}
+	proto.Merge(v.(proto.Message), &r)
+	return nil
+}
+
+// inflateSnapshot returns the encoded Snapshot b with its compressed
+// entries inflated in place, as the agent does (nodeagent/client.Inflate,
+// which the control plane may not import).
+func inflateSnapshot(t testing.TB, b []byte) []byte {
+	t.Helper()
+	dec, err := zstd.NewReader(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	var out []byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			t.Fatalf("snapshot: %v", protowire.ParseError(n))
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			t.Fatalf("snapshot: %v", protowire.ParseError(m))
+		}
+		if num == wire.SnapshotZstdEntries {
+			frame, _ := protowire.ConsumeBytes(b[n:])
+			if out, err = dec.DecodeAll(frame, out); err != nil {
+				t.Fatalf("inflating: %v", err)
+			}
+		} else {
+			out = append(out, b[:n+m]...)
+		}
+		b = b[n+m:]
+	}
+	return out
+}
+
+// rawResponses keeps each response's bytes as sent, to see what went on
+// the wire.
+type rawResponses struct {
+	encoding.CodecV2
+	last *[]byte
+}
+
+func (c rawResponses) Unmarshal(data mem.BufferSlice, v any) error {
+	*c.last = data.Materialize()
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+// TestCompressionIsNegotiated checks that snapshots carry compressed
+// entries only to an agent that announced Capabilities.zstd_entries, that
+// they hold the same table as the plain ones, and that agents that did
+// not announce it, and WatchTable (what grpcurl sees), get plain
+// protobuf; deltas stay plain.
+func TestCompressionIsNegotiated(t *testing.T) {
+	store := table.NewStore(100)
+	svcs := map[string]*compute.Service{}
+	for i := range 200 {
+		name := fmt.Sprintf("svc-%03d", i)
+		svcs[name] = service(t, name, 20, i)
+	}
+	publish(t, store, svcs)
+	_, _, dial := newTestServer(t, store, Options{})
+	pc := encoding.GetCodecV2("proto")
+
+	var wire []byte
+	zc := dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(inflatingCodec{pc, t})))
+	za := connect(t, zc, &pb.Hello{NodeName: "node-1", Capabilities: &pb.Capabilities{Deltas: true, ZstdEntries: true}})
+	rawc := dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawResponses{pc, &wire})))
+	raw := connect(t, rawc, &pb.Hello{NodeName: "node-2", Capabilities: &pb.Capabilities{Deltas: true, ZstdEntries: true}})
+	plainc := dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawResponses{pc, new([]byte)})))
+	pa := connect(t, plainc, &pb.Hello{NodeName: "node-3", Capabilities: &pb.Capabilities{Deltas: true}})
+
+	// On the wire, compressed: no plain entries, and far fewer bytes.
+	rr := raw.recv()
+	rw := rr.GetSnapshot()
+	if len(rw.GetEntries()) != 0 || len(rw.GetZstdEntries()) == 0 {
+		t.Fatalf("announcing agent's snapshot has %d plain entries and %d compressed runs; want only compressed runs", len(rw.GetEntries()), len(rw.GetZstdEntries()))
+	}
+	// Inflated, the same table as the plain agent's.
+	zs, ps := za.recv(), pa.recv()
+	if len(ps.GetSnapshot().GetZstdEntries()) != 0 || len(ps.GetSnapshot().GetEntries()) != 200 {
+		t.Fatalf("agent without the capability got %d compressed runs and %d entries; want 200 plain entries", len(ps.GetSnapshot().GetZstdEntries()), len(ps.GetSnapshot().GetEntries()))
+	}
+	plainBytes, err := proto.Marshal(ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if 3*len(wire) > len(plainBytes) {
+		t.Errorf("compressed snapshot is %d bytes, plain %d: want under a third", len(wire), len(plainBytes))
+	}
+	ze, pe := zs.GetSnapshot().GetEntries(), ps.GetSnapshot().GetEntries()
+	if len(ze) != len(pe) {
+		t.Fatalf("inflated snapshot has %d entries, plain %d", len(ze), len(pe))
+	}
+	for i := range ze {
+		if !proto.Equal(ze[i], pe[i]) {
+			t.Fatalf("inflated entry %d is %v, plain %v", i, ze[i], pe[i])
+		}
+	}
+	za.ack(zs) // checks that the inflated entries add up to the version
+	// The raw agent holds what the plain agent does, but for its node.
+	raw.entries = za.entries
+	raw.nodeHash, raw.version = rw.GetNode().GetHash(), rw.GetVersion()
+	raw.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Ack{Ack: &pb.Ack{Version: rw.GetVersion(), Nonce: rr.GetNonce()}}})
+
+	// WatchTable, as grpcurl calls it, gets plain protobuf for the same
+	// node whose compressed runs now exist.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := plainc.WatchTable(ctx, &pb.WatchTableRequest{NodeName: "node-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Recv()
+	if err != nil || len(first.GetSnapshot().GetEntries()) != 200 || len(first.GetSnapshot().GetZstdEntries()) != 0 {
+		t.Fatalf("WatchTable's first message = %d entries, %d compressed runs, %v; want 200 plain entries", len(first.GetSnapshot().GetEntries()), len(first.GetSnapshot().GetZstdEntries()), err)
+	}
+
+	// A change reaches the compressing agent as a plain delta.
+	publish(t, store, map[string]*compute.Service{"svc-007": service(t, "svc-007", 21, 7)})
+	d := raw.recv().GetDelta()
+	if len(d.GetUpserts()) != 1 || len(wire) < proto.Size(d) {
+		t.Fatalf("change gave %v (%d bytes on the wire); want a plain delta of one upsert", d, len(wire))
+	}
+}

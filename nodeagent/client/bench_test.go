@@ -1,0 +1,125 @@
+package client
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+)
+
+// bench10k is a response of 10,000 Services (NodePort, 3 endpoints each,
+// about 1.5 MB), plain and compressed as the control plane compresses a
+// zone view: runs of 32 KiB, zstd's fastest level, single segments.
+func bench10k(b *testing.B) (plain, compressed []byte) {
+	b.Helper()
+	snap := &pb.Snapshot{Version: "0000000000000001", Node: &pb.NodeInfo{Name: "node-1", Hash: 1}, ResourceVersion: 12345}
+	var entries []byte
+	var runs [][]byte
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithSingleSegment(true))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range 10000 {
+		name := fmt.Sprintf("svc-%05d", i)
+		s := &pb.Service{
+			Namespace: "default", Name: name, ClusterIps: []string{fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)},
+			Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80, NodePort: int32(30000 + i%2768), HasEndpoints: true}},
+		}
+		pe := &pb.PortEndpoints{PortName: "http"}
+		for j := range 3 {
+			pe.Endpoints = append(pe.Endpoints, &pb.Endpoint{
+				Ip: fmt.Sprintf("10.%d.%d.%d", 128+(i*7+j)%64, (i*13+j)%256, (i*31+j)%250+1), Port: 8080, Ready: true, Serving: true,
+			})
+		}
+		s.ClusterEndpoints = []*pb.PortEndpoints{pe}
+		e := &pb.ServiceEntry{Key: "default/" + name, Hash: uint64(i)*0x9e3779b97f4a7c15 + 1, Service: s}
+		snap.Entries = append(snap.Entries, e)
+		eb, err := proto.Marshal(&pb.Snapshot{Entries: []*pb.ServiceEntry{e}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(entries) > 0 && len(entries)+len(eb) > 32<<10 {
+			runs = append(runs, enc.EncodeAll(entries, nil))
+			entries = entries[:0]
+		}
+		entries = append(entries, eb...)
+	}
+	runs = append(runs, enc.EncodeAll(entries, nil))
+	plain, err = proto.Marshal(&pb.SyncResponse{Nonce: "1", Kind: &pb.SyncResponse_Snapshot{Snapshot: snap}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	head := &pb.Snapshot{Version: snap.Version, Node: snap.Node, ResourceVersion: snap.ResourceVersion, ZstdEntries: runs}
+	hb, err := proto.Marshal(head)
+	if err != nil {
+		b.Fatal(err)
+	}
+	compressed = protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "1")
+	compressed = protowire.AppendTag(compressed, 2, protowire.BytesType)
+	compressed = protowire.AppendBytes(compressed, hb)
+	return plain, compressed
+}
+
+// asReceived cuts b into 16 KiB buffers, as grpc-go hands a message read
+// from HTTP/2 data frames to the codec.
+func asReceived(b []byte) mem.BufferSlice {
+	var out mem.BufferSlice
+	for len(b) > 0 {
+		n := min(len(b), 16<<10)
+		out = append(out, mem.SliceBuffer(b[:n]))
+		b = b[n:]
+	}
+	return out
+}
+
+// BenchmarkDecode10k is the agent's decode of a 10,000-Service snapshot
+// by the Sync codec, plain and compressed (inflated first, then decoded).
+// heap-B/op is what one decode allocates with the collector off, an upper
+// bound on what it adds to the peak; wire-B is the message as received,
+// which grpc-go holds while the codec runs. docs/benchmarks.md records
+// it.
+func BenchmarkDecode10k(b *testing.B) {
+	plain, compressed := bench10k(b)
+	codec := syncCodec(64 << 20)
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+	}{{"plain", plain}, {"zstd", compressed}} {
+		b.Run(tc.name, func(b *testing.B) {
+			data := asReceived(tc.msg)
+			// One decode with the collector off: what it allocates.
+			old := debug.SetGCPercent(-1)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			var r response
+			if err := codec.Unmarshal(data, &r); err != nil || r.err != nil || len(r.msg.GetSnapshot().GetEntries()) != 10000 {
+				b.Fatalf("decode: %v, %v", err, r.err)
+			}
+			runtime.ReadMemStats(&after)
+			debug.SetGCPercent(old)
+			for b.Loop() {
+				var r response
+				if err := codec.Unmarshal(data, &r); err != nil || r.err != nil {
+					b.Fatal(err, r.err)
+				}
+			}
+			b.ReportMetric(float64(after.TotalAlloc-before.TotalAlloc), "heap-B/op")
+			b.ReportMetric(float64(len(tc.msg)), "wire-B")
+		})
+	}
+	// Inflating alone: what the zstd case adds.
+	b.Run("inflate", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Inflate(compressed, 64<<20); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

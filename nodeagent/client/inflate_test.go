@@ -1,0 +1,255 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
+)
+
+// testEntry is a valid entry with the given hash.
+func testEntry(name string, hash uint64) *pb.ServiceEntry {
+	return &pb.ServiceEntry{Key: "default/" + name, Hash: hash, Service: &pb.Service{
+		Namespace: "default", Name: name, ClusterIps: []string{"10.96.0.10"},
+		Ports: []*pb.ServicePort{{Name: "http", Protocol: pb.Protocol_PROTOCOL_TCP, Port: 80}},
+	}}
+}
+
+// encodedEntries is entries as Snapshot.entries fields, what a frame holds.
+func encodedEntries(t testing.TB, entries ...*pb.ServiceEntry) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&pb.Snapshot{Entries: entries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// compress compresses b into one frame as the control plane does.
+func compress(t testing.TB, b []byte) []byte {
+	t.Helper()
+	enc, err := zstd.NewWriter(nil, zstd.WithSingleSegment(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return enc.EncodeAll(b, nil)
+}
+
+var testNode = &pb.NodeInfo{Name: "node-1", Hash: 1}
+
+// compressedResponse is a response whose snapshot's entries are in
+// frames, one per group, with the version they should add up to.
+func compressedResponse(t testing.TB, nonce string, version uint64, frames ...[]byte) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&pb.SyncResponse{Nonce: nonce, Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{
+		Version: fmt.Sprintf("%016x", version), Node: testNode, ZstdEntries: frames, ResourceVersion: 9,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestInflate(t *testing.T) {
+	a, b, c := testEntry("a", 10), testEntry("b", 20), testEntry("c", 30)
+	msg := compressedResponse(t, "n1", 61,
+		compress(t, encodedEntries(t, a, b)), compress(t, encodedEntries(t, c)))
+	got, err := Inflate(msg, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r pb.SyncResponse
+	if err := proto.Unmarshal(got, &r); err != nil {
+		t.Fatal(err)
+	}
+	want := &pb.SyncResponse{Nonce: "n1", Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{
+		Version: fmt.Sprintf("%016x", 61), Node: testNode, Entries: []*pb.ServiceEntry{a, b, c}, ResourceVersion: 9,
+	}}}
+	if !proto.Equal(&r, want) {
+		t.Fatalf("inflated %v, want %v", &r, want)
+	}
+
+	// Nothing compressed: the message itself, not a copy.
+	plain, err := proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Inflate(plain, 1<<20); err != nil || &got[0] != &plain[0] {
+		t.Errorf("Inflate of a plain response = a copy or %v; want the message itself", err)
+	}
+}
+
+// TestInflateRefusesBombs sends frames that inflate, or claim to, beyond
+// the limit: each is refused, and what Inflate allocates stays within the
+// limit whatever the frame holds.
+func TestInflateRefusesBombs(t *testing.T) {
+	const limit = 4 << 20
+	zeros := make([]byte, 64<<20)
+
+	// Streamed: no content size in the header.
+	var streamed bytes.Buffer
+	w, err := zstd.NewWriter(&streamed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(zeros); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Declares 1 KiB, holds 64 MiB: the content size (4 bytes, after the
+	// magic number and the descriptor) rewritten.
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lying := enc.EncodeAll(zeros, nil)
+	if lying[4]>>6 != 2 {
+		t.Fatalf("frame descriptor %#x: want a 4-byte content size", lying[4])
+	}
+	binary.LittleEndian.PutUint32(lying[5:9], 1<<10)
+	// Declares 1 GiB (an 8-byte content size) and a 1 KiB window, and
+	// holds one raw byte: a decoder that believes it allocates 1 GiB.
+	huge := []byte{0x28, 0xb5, 0x2f, 0xfd, 0xc0, 0x00}
+	huge = binary.LittleEndian.AppendUint64(huge, 1<<30)
+	huge = append(huge, 0x09, 0, 0, 'x')
+	// Each within the limit, together beyond it.
+	third := compress(t, zeros[:limit/3+1])
+
+	for _, tc := range []struct {
+		name   string
+		frames [][]byte
+	}{
+		{"no content size", [][]byte{streamed.Bytes()}},
+		{"content size understated", [][]byte{lying}},
+		{"content size beyond the limit", [][]byte{huge}},
+		{"frames beyond the limit together", [][]byte{third, third, third}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := compressedResponse(t, "n1", 1, tc.frames...)
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			got, err := Inflate(msg, limit)
+			runtime.ReadMemStats(&after)
+			if err == nil {
+				t.Fatalf("inflated %d bytes; want an error", len(got))
+			}
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit+1<<20 {
+				t.Errorf("allocated %d bytes refusing it; want at most the %d-byte limit and a little", alloc, limit)
+			}
+		})
+	}
+}
+
+// tableApplier applies snapshots as the agent does (proxytable), so that
+// its validation, hashes included, sees what the client decoded.
+type tableApplier struct {
+	mu   sync.Mutex
+	held *proxytable.Table
+	n    int // tables applied
+}
+
+func (a *tableApplier) Held() *proxytable.Table {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.held
+}
+
+func (a *tableApplier) Apply(_ context.Context, r *pb.SyncResponse) (string, error) {
+	t, err := proxytable.FromSnapshot(r.GetSnapshot())
+	if err != nil {
+		return "", err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.held, a.n = t, a.n+1
+	return t.Version, nil
+}
+
+// TestCompressedSnapshotsInflatedAndChecked runs the client against a
+// control plane sending compressed snapshots: a good one is applied and
+// ACKed; one whose compressed entries do not add up to its version is
+// NACKed by the hash check, on what was inflated; a bomb is NACKed as
+// undecodable, nothing is applied, and the agent starts over.
+func TestCompressedSnapshotsInflatedAndChecked(t *testing.T) {
+	// A bomb: 64 MiB of zeros behind a 4 MiB limit. Compressed before
+	// the agent connects, which would take it for silence.
+	bomb := compress(t, make([]byte, 64<<20))
+	l := bufconn.Listen(1 << 20)
+	f := newFakeControlPlane()
+	gs := grpc.NewServer(grpc.ForceServerCodecV2(rawServerCodec{encoding.GetCodecV2("proto")}))
+	pb.RegisterTableServiceServer(gs, f)
+	go func() { _ = gs.Serve(l) }()
+	t.Cleanup(func() { close(f.done); gs.Stop() })
+	dial := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) })
+	a := &tableApplier{held: proxytable.Empty()}
+	startOpts(t, a, slog.New(slog.DiscardHandler), dial, func(o *Options) { o.Capabilities = &pb.Capabilities{Deltas: true, ZstdEntries: true} }, "cp")
+
+	s := accept(t, f)
+	if h := recv(t, s).GetHello(); !h.GetCapabilities().GetZstdEntries() {
+		t.Fatalf("hello %v: want the zstd_entries capability announced", h)
+	}
+	x, y := testEntry("x", 100), testEntry("y", 200)
+	if err := s.SendMsg(rawBytes(compressedResponse(t, "n1", 301, compress(t, encodedEntries(t, x, y))))); err != nil {
+		t.Fatal(err)
+	}
+	if ack := recv(t, s).GetAck(); ack.GetNonce() != "n1" || ack.GetVersion() != fmt.Sprintf("%016x", 301) {
+		t.Fatalf("answer %v, want an ACK of n1 at version %016x", ack, 301)
+	}
+	if got := a.Held().Keys(); len(got) != 2 {
+		t.Fatalf("holds %v, want default/x and default/y", got)
+	}
+
+	// The frame says y's hash is 250: the entries add up to 351, not to
+	// the 301 the snapshot claims.
+	y2 := testEntry("y", 250)
+	if err := s.SendMsg(rawBytes(compressedResponse(t, "n2", 301, compress(t, encodedEntries(t, x, y2))))); err != nil {
+		t.Fatal(err)
+	}
+	n := recv(t, s).GetNack()
+	if n.GetNonce() != "n2" || !strings.Contains(n.GetError(), fmt.Sprintf("entries add up to version %016x", 351)) {
+		t.Fatalf("answer %v, want a NACK of n2 saying the inflated entries add up to %016x", n, 351)
+	}
+
+	// The bomb.
+	if err := s.SendMsg(rawBytes(compressedResponse(t, "n3", 1, bomb))); err != nil {
+		t.Fatal(err)
+	}
+	// The agent NACKs it and ends the stream at once, which may reset the
+	// stream before the NACK is read: either is a clean refusal.
+	answer := make(chan *pb.SyncRequest, 1)
+	go func() { m, _ := s.Recv(); answer <- m }()
+	select {
+	case m := <-answer:
+		if n := m.GetNack(); m != nil && (n.GetNonce() != "n3" || !strings.Contains(n.GetError(), "undecodable")) {
+			t.Fatalf("answer %v, want a NACK of n3 saying the response is undecodable", m)
+		}
+	case <-time.After(waitFor):
+		t.Fatal("no answer to the bomb, and the stream goes on")
+	}
+	if h := recv(t, accept(t, f)).GetHello(); h.GetVersion() != fmt.Sprintf("%016x", 301) {
+		t.Fatalf("new stream's first message %v, want a hello holding the first table", h)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n != 1 {
+		t.Errorf("applied %d tables, want only the first", a.n)
+	}
+}
