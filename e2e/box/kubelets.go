@@ -13,7 +13,6 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +33,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/proxyplane/proxyplane/e2e/box/node"
-	"github.com/proxyplane/proxyplane/e2e/internal/kubeproxy"
 )
 
 const (
@@ -286,6 +285,11 @@ func (b *Box) startOnKubelets(ctx context.Context, config map[string]string) err
 	if err := b.routePods(ctx); err != nil {
 		return err
 	}
+	// The hardest fresh install, every time: each agent running, with an
+	// empty cache and no table, before any replica can be scheduled.
+	if err := b.waitAgentsRunning(ctx); err != nil {
+		return err
+	}
 	// The kubelet may not give its Node a node-role label: an admin (or
 	// kubeadm) does.
 	for i := range b.opts.Replicas {
@@ -304,6 +308,9 @@ func (b *Box) startOnKubelets(ctx context.Context, config map[string]string) err
 			tp: b.tp, ns: n.NS(), ip: n.IP().String(), creds: b.Credentials,
 		}
 		c.onNode = func() bool { return b.replicaReady(n.Name()) } //nolint:contextcheck // Running takes no context; replicaReady bounds its own call
+		// Below the replicas' default --peer-rate and --peer-burst (2 a
+		// second, 20), with room for an operator's grpcurl.
+		c.paced = rate.NewLimiter(1.5, 10)
 		b.ControlPlanes = append(b.ControlPlanes, c)
 	}
 	for i := range b.opts.Nodes {
@@ -427,6 +434,33 @@ func (b *Box) routePods(ctx context.Context) error {
 				return fmt.Errorf("routing %s via %s in %s: %w: %s", cidr, via, b.label(ns), err, out)
 			}
 		}
+	}
+	return nil
+}
+
+// waitAgentsRunning waits until the agent container of a DaemonSet pod
+// runs on every node.
+func (b *Box) waitAgentsRunning(ctx context.Context) error {
+	err := Eventually(ctx, func() error {
+		pods, err := b.admin.CoreV1().Pods(b.deploy.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + nodeagentDaemonSet})
+		if err != nil {
+			return err
+		}
+		running := 0
+		for _, p := range pods.Items {
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.State.Running != nil {
+					running++
+				}
+			}
+		}
+		if running != b.opts.Nodes {
+			return fmt.Errorf("%d of %d agents running", running, b.opts.Nodes)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the agents to start: %w%s", err, b.podSummary(ctx))
 	}
 	return nil
 }
@@ -677,15 +711,9 @@ func (b *Box) KubeconfigOnLoopback(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("listening on loopback for kubectl: %w", err)
 	}
-	u, err := url.Parse(b.api.URL())
-	if err != nil {
-		_ = ln.Close()
-		return "", fmt.Errorf("parsing the API server's URL: %w", err)
+	if err := b.relayFrom(ctx, ln); err != nil {
+		return "", err
 	}
-	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
-	go func() { defer close(done); kubeproxy.Relay(rctx, ln, dialIn(b.tp, b.HostNS()), u.Host) }()
-	b.relays = append(b.relays, func() { cancel(); <-done })
 	path := filepath.Join(b.dir, "admin.kubeconfig")
 	return path, writeKubeconfig(path, "https://"+ln.Addr().String(), b.nodes.servingCA, b.adminRC.BearerToken)
 }

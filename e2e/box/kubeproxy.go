@@ -177,10 +177,6 @@ func (b *Box) relayAPIServer(ctx context.Context, ns string) error {
 // relay listens on addr inside ns and relays to the API server in host-0,
 // until Close.
 func (b *Box) relay(ctx context.Context, ns, addr string) error {
-	u, err := url.Parse(b.api.URL())
-	if err != nil {
-		return fmt.Errorf("parsing the API server's URL: %w", err)
-	}
 	var ln net.Listener
 	if err := b.tp.Do(ns, func() error {
 		var err error
@@ -188,6 +184,17 @@ func (b *Box) relay(ctx context.Context, ns, addr string) error {
 		return err
 	}); err != nil {
 		return fmt.Errorf("relaying the API server to %s in %s: %w", addr, b.label(ns), err)
+	}
+	return b.relayFrom(ctx, ln)
+}
+
+// relayFrom relays every connection ln accepts to the API server in
+// host-0, until Close.
+func (b *Box) relayFrom(ctx context.Context, ln net.Listener) error {
+	u, err := url.Parse(b.api.URL())
+	if err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("parsing the API server's URL: %w", err)
 	}
 	// The relay lives as long as the box, not as ctx.
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

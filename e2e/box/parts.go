@@ -17,6 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 
@@ -49,6 +50,12 @@ type ControlPlane struct {
 	// (Options.Kubelets), reports whether a Ready pod of the Deployment
 	// runs there; its Process is then never started.
 	onNode func() bool
+	// paced, for such a replica, keeps the box's own calls within the
+	// per-address limit deploy/'s replicas run with (the box's process
+	// replicas lift it): polled faster, every call would be refused at
+	// the handshake, and a wait that needs several calls in a row would
+	// never see them all answered.
+	paced *rate.Limiter
 }
 
 // Running reports whether the replica runs: its process, or on a real
@@ -72,7 +79,15 @@ func (c *ControlPlane) LocalGRPCAddr() string { return "127.0.0.1:" + strconv.It
 // the box's credentials. Each caller gets its own connection and closes
 // it: a shared one would sit in gRPC's reconnect backoff (up to two
 // minutes) after the replica was killed, hiding its return.
-func (c *ControlPlane) dial() (*grpc.ClientConn, error) { return c.Dial(c.creds()) }
+func (c *ControlPlane) dial(ctx context.Context) (*grpc.ClientConn, error) {
+	// A connection and a call: two of the replica's per-address tokens.
+	if c.paced != nil {
+		if err := c.paced.WaitN(ctx, 2); err != nil {
+			return nil, fmt.Errorf("connecting to %s: %w", c.Name(), err)
+		}
+	}
+	return c.Dial(c.creds())
+}
 
 // Dial opens a client connection to the replica from inside host-0 with
 // creds; the caller closes it.
@@ -116,7 +131,7 @@ func (c *ControlPlane) ServingCertificate(ctx context.Context) (*x509.Certificat
 
 // ListNodes calls the replica's ListNodes.
 func (c *ControlPlane) ListNodes(ctx context.Context) (*pb.ListNodesResponse, error) {
-	conn, err := c.dial()
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +160,7 @@ func (c *ControlPlane) NodeStatus(ctx context.Context, node string) (*pb.NodeSta
 // Table returns node's current table on this replica: the snapshot that
 // opens a WatchTable stream, which is then closed.
 func (c *ControlPlane) Table(ctx context.Context, node string) (*pb.Snapshot, error) {
-	conn, err := c.dial()
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
