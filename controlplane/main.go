@@ -21,6 +21,7 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/explain"
 	"github.com/proxyplane/proxyplane/controlplane/status"
 	"github.com/proxyplane/proxyplane/internal/cli"
+	"github.com/proxyplane/proxyplane/internal/memlimit"
 )
 
 func main() {
@@ -50,7 +51,7 @@ func main() {
 		os.Exit(cli.Usage(fs, os.Stderr, fmt.Errorf("invalid flags:\n%w", err)))
 	}
 	log := o.Logging.Logger(os.Stderr)
-	app.SetMemoryLimit(log)
+	memlimit.Set(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := app.Run(ctx, o, log); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/proxyplane/proxyplane/internal/cli"
+	"github.com/proxyplane/proxyplane/internal/memlimit"
 	"github.com/proxyplane/proxyplane/nodeagent/app"
 )
 
@@ -51,6 +52,7 @@ func main() {
 	}
 	log := o.Logging.Logger(os.Stderr)
 	loaded.Log(log)
+	memlimit.Set(log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if o.InitOnly {

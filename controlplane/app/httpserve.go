@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"time"
 
@@ -62,8 +63,12 @@ type httpConfig struct {
 	// /readyz says why there is none) from the start.
 	GetCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error)
 	// Reviews sends the TokenReviews and SubjectAccessReviews of
-	// /metrics when Secure.
+	// /metrics (and /debug/pprof/) when Secure.
 	Reviews kubernetes.Interface
+	// Profiling serves net/http/pprof's handlers under /debug/pprof/
+	// (--profiling), authorized as /metrics is, for the non-resource URL
+	// /debug/pprof/.
+	Profiling bool
 }
 
 // secureMetrics says whether --metrics-address is served over HTTPS with
@@ -115,7 +120,7 @@ func metricsServer(lis net.Listener, o *Options, cfg *rest.Config, reg *promethe
 ) (*http.Server, net.Listener, error) {
 	hc := httpConfig{
 		Secure: secureMetrics(o), Namespace: o.Namespace, Registry: reg, Ready: ready, Watches: watches,
-		GetCertificate: sec.GetCertificate,
+		GetCertificate: sec.GetCertificate, Profiling: o.Profiling,
 	}
 	if hc.Secure {
 		client, err := metricsReviewClient(cfg)
@@ -165,9 +170,16 @@ func newHTTPServer(lis net.Listener, cfg httpConfig, log *slog.Logger) (*http.Se
 			MinVersion: tls.VersionTLS12,
 			NextProtos: []string{"http/1.1"},
 		})
-		metrics = newMetricsAuthorizer(cfg.Reviews, log).wrap(metrics)
+		metrics = newMetricsAuthorizer(cfg.Reviews, metricsPath, log).wrap(metrics)
 	}
 	mux.Handle("GET /metrics", metrics)
+	if cfg.Profiling {
+		prof := profilingHandler()
+		if cfg.Secure {
+			prof = newMetricsAuthorizer(cfg.Reviews, profilingPath, log).wrap(prof)
+		}
+		mux.Handle(profilingPath, prof)
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: httpReadHeaderTimeout,
@@ -182,6 +194,21 @@ func newHTTPServer(lis net.Listener, cfg httpConfig, log *slog.Logger) (*http.Se
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	return srv, lis, nil
+}
+
+// profilingHandler serves net/http/pprof's handlers, as kube-proxy's
+// and component-base's enableProfiling do: a CPU profile of the real
+// binary under load is how its cost per response is found. Registered on
+// a mux of its own, never on http.DefaultServeMux, so nothing else
+// serves them.
+func profilingHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(profilingPath, pprof.Index)
+	mux.HandleFunc(profilingPath+"cmdline", pprof.Cmdline)
+	mux.HandleFunc(profilingPath+"profile", pprof.Profile)
+	mux.HandleFunc(profilingPath+"symbol", pprof.Symbol)
+	mux.HandleFunc(profilingPath+"trace", pprof.Trace)
+	return mux
 }
 
 // capConns closes, as they are accepted, connections past httpMaxConns

@@ -62,8 +62,9 @@ func TestSecureMetrics(t *testing.T) {
 }
 
 // reviewer answers TokenReviews and SubjectAccessReviews as an API server
-// whose only valid tokens are "scraper" (allowed to get /metrics) and
-// "nobody" (not allowed), and counts them.
+// whose only valid tokens are "scraper" (allowed to get /metrics),
+// "profiler" (allowed to get /debug/pprof/ only) and "nobody" (not
+// allowed), and counts them.
 type reviewer struct {
 	tokens, access atomic.Int64
 	down           atomic.Bool
@@ -90,6 +91,8 @@ func (rv *reviewer) client() *fake.Clientset {
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "system:serviceaccount:monitoring:prometheus", Groups: []string{"system:serviceaccounts"}}}
 		case "nobody":
 			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "nobody"}}
+		case "profiler":
+			tr.Status = authnv1.TokenReviewStatus{Authenticated: true, User: authnv1.UserInfo{Username: "profiler"}}
 		}
 		return true, tr, nil
 	})
@@ -97,7 +100,9 @@ func (rv *reviewer) client() *fake.Clientset {
 		rv.access.Add(1)
 		sar := a.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview).DeepCopy()
 		nr := sar.Spec.NonResourceAttributes
-		sar.Status.Allowed = sar.Spec.User == "system:serviceaccount:monitoring:prometheus" && nr != nil && nr.Path == "/metrics" && nr.Verb == "get" && sar.Spec.ResourceAttributes == nil
+		// The scraper may get /metrics, the profiler /debug/pprof/ only.
+		path := map[string]string{"system:serviceaccount:monitoring:prometheus": "/metrics", "profiler": "/debug/pprof/"}[sar.Spec.User]
+		sar.Status.Allowed = path != "" && nr != nil && nr.Path == path && nr.Verb == "get" && sar.Spec.ResourceAttributes == nil
 		return true, sar, nil
 	})
 	return c
@@ -502,5 +507,50 @@ func TestProbesSayOnlyTheirCheck(t *testing.T) {
 		if err != nil || code != http.StatusServiceUnavailable || strings.TrimSpace(body) != want {
 			t.Errorf("GET %s: %d %v %q, want 503 %q", path, code, err, body, want)
 		}
+	}
+}
+
+// TestProfilingNeedsItsOwnRight: with --profiling, /debug/pprof/ is served
+// on the metrics port to callers the API server allows to get
+// /debug/pprof/, and to no one else: a scraper's right to /metrics is
+// not enough. Without --profiling it is not served at all.
+func TestProfilingNeedsItsOwnRight(t *testing.T) {
+	rv := &reviewer{}
+	pool, getCert := servingCA(t)
+	verified := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{
+		RootCAs: pool, ServerName: certs.ServerName(testNS), MinVersion: tls.VersionTLS12,
+	}}}
+	on, _ := testServing(t, httpConfig{Secure: true, GetCertificate: getCert, Reviews: rv.client(), Profiling: true})
+	off, _ := testServing(t, httpConfig{Secure: true, GetCertificate: getCert, Reviews: rv.client()})
+	for _, tc := range []struct {
+		name, addr, path, token string
+		code                    int
+	}{
+		{"no token", on, "/debug/pprof/", "", http.StatusUnauthorized},
+		{"a scraper, allowed /metrics only", on, "/debug/pprof/", "scraper", http.StatusForbidden},
+		{"a profiler", on, "/debug/pprof/", "profiler", http.StatusOK},
+		{"a profiler, a profile", on, "/debug/pprof/goroutine?debug=1", "profiler", http.StatusOK},
+		{"a profiler, /metrics", on, "/metrics", "profiler", http.StatusForbidden},
+		{"a scraper, /metrics", on, "/metrics", "scraper", http.StatusOK},
+		{"without --profiling", off, "/debug/pprof/", "profiler", http.StatusNotFound},
+	} {
+		code, body, err := get(verified, "https://"+tc.addr+tc.path, tc.token)
+		if err != nil || code != tc.code {
+			t.Errorf("%s: GET %s: %d %v, want %d", tc.name, tc.path, code, err, tc.code)
+			continue
+		}
+		if tc.code == http.StatusOK && strings.HasPrefix(tc.path, "/debug/") && !strings.Contains(body, "goroutine") {
+			t.Errorf("%s: GET %s: not a profile:\n%.200s", tc.name, tc.path, body)
+		}
+	}
+}
+
+// TestProfilingOnLoopbackIsOpen: on a loopback address, as /metrics, the
+// profiles need no token.
+func TestProfilingOnLoopbackIsOpen(t *testing.T) {
+	addr, _ := testServing(t, httpConfig{Profiling: true})
+	c := &http.Client{Timeout: 10 * time.Second}
+	if code, body, err := get(c, "http://"+addr+"/debug/pprof/cmdline", ""); err != nil || code != http.StatusOK || body == "" {
+		t.Errorf("GET /debug/pprof/cmdline: %d %v %q, want 200 and the command line", code, err, body)
 	}
 }

@@ -43,6 +43,9 @@ import (
 // thrown at the port never keep a scraper whose token rotated from being
 // reviewed.
 type metricsAuthorizer struct {
+	// path is the non-resource URL a caller must be allowed to get:
+	// metricsPath, or profilingPath for --profiling's handlers.
+	path          string
 	tokenReviews  tokenReviewer
 	accessReviews accessReviewer
 	log           *slog.Logger
@@ -92,8 +95,15 @@ const (
 // metricsPath is the non-resource URL a scraper must be allowed to get.
 const metricsPath = "/metrics"
 
-func newMetricsAuthorizer(client kubernetes.Interface, log *slog.Logger) *metricsAuthorizer {
+// profilingPath is the non-resource URL a caller of --profiling's
+// handlers must be allowed to get, as the kube components ask for their
+// /debug/pprof/ handlers: a scraper's right to /metrics is not enough.
+const profilingPath = "/debug/pprof/"
+
+// newMetricsAuthorizer returns an authorizer of the right to get path.
+func newMetricsAuthorizer(client kubernetes.Interface, path string, log *slog.Logger) *metricsAuthorizer {
 	return &metricsAuthorizer{
+		path:          path,
 		tokenReviews:  client.AuthenticationV1().TokenReviews(),
 		accessReviews: client.AuthorizationV1().SubjectAccessReviews(),
 		log:           log,
@@ -120,7 +130,7 @@ func (m *metricsAuthorizer) wrap(next http.Handler) http.Handler {
 		}
 		code, err := m.decide(r.Context(), token, remote)
 		if err != nil {
-			m.log.Warn("cannot authorize a request for /metrics", "err", err, "remote", r.RemoteAddr)
+			m.log.Warn("cannot authorize a request", "path", m.path, "err", err, "remote", r.RemoteAddr)
 			w.Header().Set("Retry-After", "5")
 			http.Error(w, http.StatusText(http.StatusServiceUnavailable), http.StatusServiceUnavailable)
 			return
@@ -207,7 +217,7 @@ func (m *metricsAuthorizer) review(ctx context.Context, token string) (int, erro
 	}
 	spec := authzv1.SubjectAccessReviewSpec{
 		User: u.Username, UID: u.UID, Groups: u.Groups,
-		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: metricsPath, Verb: "get"},
+		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: m.path, Verb: "get"},
 	}
 	if len(u.Extra) > 0 {
 		spec.Extra = make(map[string]authzv1.ExtraValue, len(u.Extra))
@@ -217,7 +227,7 @@ func (m *metricsAuthorizer) review(ctx context.Context, token string) (int, erro
 	}
 	sar, err := m.accessReviews.Create(ctx, &authzv1.SubjectAccessReview{Spec: spec}, metav1.CreateOptions{})
 	if err != nil {
-		return 0, fmt.Errorf("reviewing access to %s: %w", metricsPath, err)
+		return 0, fmt.Errorf("reviewing access to %s: %w", m.path, err)
 	}
 	if sar.Status.Allowed && !sar.Status.Denied {
 		return http.StatusOK, nil

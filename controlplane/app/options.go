@@ -90,6 +90,10 @@ type Options struct {
 	// ConvergenceTracking measures the convergence SLI; see
 	// server.Options.DisableConvergence.
 	ConvergenceTracking bool
+	// Profiling serves /debug/pprof/ on --metrics-address, authorized as
+	// /metrics is (for the non-resource URL /debug/pprof/); off by
+	// default, as kube-proxy's enableProfiling.
+	Profiling bool
 	// AgentControlPlane is the agents' --control-plane (host:port each),
 	// NodePortRange the API server's --service-node-port-range and
 	// NodeAddressServicePorts the agents'
@@ -200,6 +204,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.AdmissionRate, "admission-rate", o.AdmissionRate, "Sync streams per second that start being served; more wait their turn (a reconnect storm is spread out, not refused).")
 	fs.IntVar(&o.AdmissionBurst, "admission-burst", o.AdmissionBurst, "Sync streams that may start at once.")
 	fs.BoolVar(&o.ConvergenceTracking, "convergence-tracking", o.ConvergenceTracking, "Measure how long each change takes to reach the agents (proxyplane_controlplane_convergence_seconds, the changes in ListNodes and controlplane status); false only to measure what that costs.")
+	fs.BoolVar(&o.Profiling, "profiling", o.Profiling, "Serve Go's profiles (net/http/pprof) under /debug/pprof/ on --metrics-address, to callers allowed to get the non-resource URL /debug/pprof/ (open, like /metrics, on a loopback address or with --insecure).")
 	fs.IntVar(&o.MaxAgents, "max-agents", o.MaxAgents, "Sync streams (agents) served at once; more are refused with ResourceExhausted.")
 	fs.IntVar(&o.MaxStreams, "max-streams", o.MaxStreams, "Sync and WatchTable streams served at once; health, reflection and unary calls have a small budget of their own.")
 	fs.IntVar(&o.MaxConnections, "max-connections", o.MaxConnections, "Connections open at once; more are closed as they are accepted.")
@@ -311,6 +316,7 @@ func (o *Options) applyFile(c *config.ControlPlaneConfiguration) {
 	set(&o.NodePortRange, c.ServiceNodePortRange)
 	set(&o.NodeAddressServicePorts, c.AllowNodeAddressServicePorts)
 	set(&o.ConvergenceTracking, c.ConvergenceTracking)
+	set(&o.Profiling, c.Profiling)
 }
 
 func set[T any](to *T, from *T) {

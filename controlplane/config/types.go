@@ -53,6 +53,7 @@ type ControlPlaneConfiguration struct {
 	ServiceNodePortRange         *string          `json:"serviceNodePortRange,omitempty"`
 	AllowNodeAddressServicePorts *bool            `json:"allowNodeAddressServicePorts,omitempty"`
 	ConvergenceTracking          *bool            `json:"convergenceTracking,omitempty"`
+	Profiling                    *bool            `json:"profiling,omitempty"`
 }
 
 // Logging is --log-level, --v and --logging-format.
@@ -98,6 +99,7 @@ func (c *ControlPlaneConfiguration) DeepCopyObject() runtime.Object {
 	out.AgentControlPlane = append([]string(nil), c.AgentControlPlane...)
 	out.AllowNodeAddressServicePorts = clone(out.AllowNodeAddressServicePorts)
 	out.ConvergenceTracking = clone(out.ConvergenceTracking)
+	out.Profiling = clone(out.Profiling)
 	return &out
 }
 

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/proxyplane/proxyplane/controlplane/table"
+	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
 
@@ -74,14 +75,30 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.CodecV2.Marshal(v)
 }
 
-// rawMessage receives a message's bytes undecoded.
-type rawMessage []byte
+// syncMessage receives an agent's Sync message, decoded by
+// decodeRequest, or the reason it is undecodable: grpc-go would end the
+// stream with Internal on a codec's error, and a malformed message is
+// the agent's error (InvalidArgument), which the stream must say.
+type syncMessage struct {
+	req     *pb.SyncRequest
+	entries []byte // a hello's entry hashes, encoded (see decodeRequest)
+	err     error
+}
 
 // Unmarshal implements encoding.CodecV2.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch r := v.(type) {
-	case *rawMessage:
-		*r = data.Materialize()
+	case *syncMessage:
+		// An ACK, a few dozen bytes, is decoded from gRPC's own buffer,
+		// which proto.Unmarshal does not retain; a hello is copied, since
+		// its entry hashes are kept encoded (decodeRequest).
+		var b []byte
+		if len(data) == 1 && !hasField(data[0].ReadOnlyData(), wire.SyncRequestHello) {
+			b = data[0].ReadOnlyData()
+		} else {
+			b = data.Materialize()
+		}
+		r.req, r.entries, r.err = decodeRequest(b)
 		return nil
 	case *pb.SyncRequest:
 	default:

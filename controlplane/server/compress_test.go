@@ -16,6 +16,7 @@ import (
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	"github.com/proxyplane/proxyplane/controlplane/wire"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // inflatingCodec decodes responses as the agent's codec does: compressed
@@ -31,7 +32,7 @@ func (c inflatingCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if err := proto.Unmarshal(data.Materialize(), &r); err != nil {
 		return err
 	}
-	if s := r.GetSnapshot(); len(s.GetZstdEntries()) > 0 {
+	if s := r.GetSnapshot(); len(s.GetZstdEntries())+len(s.GetZstdEntriesUnhashed()) > 0 {
 		b, err := proto.Marshal(s)
 		if err != nil {
 			return err
@@ -66,12 +67,37 @@ func inflateSnapshot(t testing.TB, b []byte) []byte {
 		if m < 0 {
 			t.Fatalf("snapshot: %v", protowire.ParseError(m))
 		}
-		if num == wire.SnapshotZstdEntries {
+		switch num {
+		case wire.SnapshotZstdEntries:
 			frame, _ := protowire.ConsumeBytes(b[n:])
 			if out, err = dec.DecodeAll(frame, out); err != nil {
 				t.Fatalf("inflating: %v", err)
 			}
-		} else {
+		case wire.SnapshotZstdEntriesUnhashed:
+			// Each entry's hash computed from its content and put in.
+			frame, _ := protowire.ConsumeBytes(b[n:])
+			content, err := dec.DecodeAll(frame, nil)
+			if err != nil {
+				t.Fatalf("inflating: %v", err)
+			}
+			var s pb.Snapshot
+			if err := proto.Unmarshal(content, &s); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range s.GetEntries() {
+				if e.GetHash() != 0 {
+					t.Fatalf("unhashed entry %s carries hash %016x", e.GetKey(), e.GetHash())
+				}
+				if e.Hash, err = tablehash.Entry(e.GetKey(), e.GetService()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hashed, err := proto.Marshal(&s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, hashed...)
+		default:
 			out = append(out, b[:n+m]...)
 		}
 		b = b[n+m:]
@@ -167,4 +193,55 @@ func TestCompressionIsNegotiated(t *testing.T) {
 	if len(d.GetUpserts()) != 1 || len(wire) < proto.Size(d) {
 		t.Fatalf("change gave %v (%d bytes on the wire); want a plain delta of one upsert", d, len(wire))
 	}
+}
+
+// TestUnhashedCompressionIsNegotiated checks that an agent announcing
+// Capabilities.zstd_entries_unhashed gets runs without hashes that hold,
+// hashed by the agent, the plain agent's table, smaller than the hashed
+// runs that an agent announcing only zstd_entries (one that predates
+// them) still gets.
+func TestUnhashedCompressionIsNegotiated(t *testing.T) {
+	store := table.NewStore(100)
+	svcs := map[string]*compute.Service{}
+	for i := range 200 {
+		name := fmt.Sprintf("svc-%03d", i)
+		svcs[name] = service(t, name, 20, i)
+	}
+	publish(t, store, svcs)
+	_, _, dial := newTestServer(t, store, Options{})
+	pc := encoding.GetCodecV2("proto")
+
+	var unhashedWire, hashedWire []byte
+	both := &pb.Capabilities{Deltas: true, ZstdEntries: true, ZstdEntriesUnhashed: true}
+	un := connect(t, dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawResponses{pc, &unhashedWire}))), &pb.Hello{NodeName: "node-1", Capabilities: both})
+	old := connect(t, dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawResponses{pc, &hashedWire}))),
+		&pb.Hello{NodeName: "node-2", Capabilities: &pb.Capabilities{Deltas: true, ZstdEntries: true}})
+	za := connect(t, dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(inflatingCodec{pc, t}))), &pb.Hello{NodeName: "node-3", Capabilities: both})
+	pa := connect(t, dial(grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawResponses{pc, new([]byte)}))), &pb.Hello{NodeName: "node-4"})
+
+	us, hs := un.recv().GetSnapshot(), old.recv().GetSnapshot()
+	if len(us.GetEntries())+len(us.GetZstdEntries()) != 0 || len(us.GetZstdEntriesUnhashed()) == 0 {
+		t.Fatalf("agent announcing unhashed runs got %d plain entries, %d hashed and %d unhashed runs; want only unhashed runs",
+			len(us.GetEntries()), len(us.GetZstdEntries()), len(us.GetZstdEntriesUnhashed()))
+	}
+	if len(hs.GetEntries())+len(hs.GetZstdEntriesUnhashed()) != 0 || len(hs.GetZstdEntries()) == 0 {
+		t.Fatalf("agent announcing only zstd_entries got %d plain entries, %d hashed and %d unhashed runs; want only hashed runs",
+			len(hs.GetEntries()), len(hs.GetZstdEntries()), len(hs.GetZstdEntriesUnhashed()))
+	}
+	if 10*len(unhashedWire) > 9*len(hashedWire) {
+		t.Errorf("snapshot with unhashed runs is %d bytes, with hashed runs %d: want a tenth less at least", len(unhashedWire), len(hashedWire))
+	}
+	// Inflated and hashed, the plain agent's table; the ACK checks that
+	// the computed hashes add up to the version.
+	zs, ps := za.recv(), pa.recv()
+	ze, pe := zs.GetSnapshot().GetEntries(), ps.GetSnapshot().GetEntries()
+	if len(ze) != len(pe) || len(pe) != 200 {
+		t.Fatalf("inflated snapshot has %d entries, plain %d; want 200", len(ze), len(pe))
+	}
+	for i := range ze {
+		if !proto.Equal(ze[i], pe[i]) {
+			t.Fatalf("inflated entry %d is %v, plain %v", i, ze[i], pe[i])
+		}
+	}
+	za.ack(zs)
 }

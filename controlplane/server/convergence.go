@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"math/bits"
@@ -441,8 +442,15 @@ func (t *tracker) apply(r heldReport) {
 	from := st.held
 	st.held, st.at = r.rev, r.at
 	closed := false
-	for _, c := range t.changes {
-		if c.rev <= from || c.rev > r.rev || !c.required.has(st.index) || c.converged.has(st.index) {
+	// The changes are in revision order: those after from up to r.rev
+	// are the ones this report can complete, usually just the latest,
+	// where a scan would visit every kept change for every report.
+	first, _ := slices.BinarySearchFunc(t.changes, from+1, func(c *change, rev uint64) int { return cmp.Compare(c.rev, rev) })
+	for _, c := range t.changes[first:] {
+		if c.rev > r.rev {
+			break
+		}
+		if !c.required.has(st.index) || c.converged.has(st.index) {
 			continue
 		}
 		c.converged.set(st.index)

@@ -21,6 +21,15 @@ import (
 // encoded entry_hashes fields apart (a Hello message holding only them),
 // for lazyEntries to decode when needed.
 func decodeRequest(raw []byte) (*pb.SyncRequest, []byte, error) {
+	if !hasField(raw, wire.SyncRequestHello) {
+		// An ACK, a NACK or a keepalive, as nearly every message is:
+		// nothing to split (nor to copy, as splitField would).
+		m := &pb.SyncRequest{}
+		if err := proto.Unmarshal(raw, m); err != nil {
+			return nil, nil, err
+		}
+		return m, nil, nil
+	}
 	others, hellos, err := splitField(raw, wire.SyncRequestHello)
 	if err != nil {
 		return nil, nil, err
@@ -63,6 +72,27 @@ func lazyEntries(entries []byte) func() (map[string]uint64, error) {
 		}
 		return h.GetEntryHashes(), nil
 	}
+}
+
+// hasField says whether message b may hold a field num: true also when b
+// is malformed before one is found, so that the caller's decoding reports
+// the error.
+func hasField(b []byte, num protowire.Number) bool {
+	for len(b) > 0 {
+		n, typ, tagLen := protowire.ConsumeTag(b)
+		if tagLen < 0 {
+			return true
+		}
+		if n == num {
+			return true
+		}
+		valLen := protowire.ConsumeFieldValue(n, typ, b[tagLen:])
+		if valLen < 0 {
+			return true
+		}
+		b = b[tagLen+valLen:]
+	}
+	return false
 }
 
 // lastBytesField returns the content of the last of the length-delimited

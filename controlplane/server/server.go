@@ -106,9 +106,18 @@ func grpcOptions(c codec) []grpc.ServerOption {
 		grpc.StaticConnWindowSize(64 << 10),
 		// Per-connection read buffers are 32 KiB by default and stay
 		// allocated on connections grpc-go cannot pool them for (TLS, or
-		// a listener that wraps connections): 160 MB at 5,000 agents, for
-		// messages of a few dozen bytes. A hello reads in more calls.
-		grpc.ReadBufferSize(4 << 10),
+		// a listener that wraps connections, as limit.Listener does):
+		// 160 MB at 5,000 agents, for messages of a few dozen bytes. 1
+		// KiB holds an ACK, a keepalive and the frames' headers; the
+		// rest of a hello's frames (up to 16 KiB) are read past the
+		// buffer, straight into the frame's, whatever its size.
+		grpc.ReadBufferSize(1 << 10),
+		// Agents open one stream per connection, so HPACK's dynamic
+		// table, which saves resending headers on later streams of a
+		// connection, saves them nothing, and holds each connection's
+		// first headers (about 1 KB) for as long as it is open. At 0,
+		// clients encode headers without it.
+		grpc.HeaderTableSize(0),
 		// Write buffers are pooled, but a change has every connection
 		// write at once, and the pool grows to hold a buffer for each:
 		// 32 KiB each by default. Deltas are a few hundred bytes; a

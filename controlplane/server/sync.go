@@ -93,7 +93,10 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	if err != nil {
 		return toStatus(fmt.Errorf("%w: hello: %w", errInvalid, err))
 	}
-	if hello.GetCapabilities().GetZstdEntries() {
+	switch caps := hello.GetCapabilities(); {
+	case caps.GetZstdEntriesUnhashed():
+		cur.CompressSnapshotsUnhashed()
+	case caps.GetZstdEntries():
 		cur.CompressSnapshots()
 	}
 	// An agent holding a table this replica cannot place may hold one
@@ -141,15 +144,17 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		log.Info("agent disconnected", "after", time.Since(started).Round(time.Millisecond), "reason", reason(err), "err", err)
 	}()
 
-	ss := &syncSession{Server: s, cur: cur, st: st, stream: stream, ackTimer: time.NewTimer(s.opts.AckTimeout)}
-	ss.ackTimer.Stop()
+	ss := &syncSession{Server: s, cur: cur, st: st, stream: stream}
 	defer ss.close()
-	keepalive := time.NewTicker(s.opts.KeepaliveInterval)
-	defer keepalive.Stop()
 	lastHeard := time.Now()
+	dl := newDeadlines(lastHeard, s.opts.KeepaliveInterval)
+	defer dl.stop()
 	for {
 		if err := ss.sendNext(); err != nil {
 			return toStatus(err)
+		}
+		if ss.awaiting {
+			dl.ackBy(ss.ackBy)
 		}
 		select {
 		case <-ctx.Done():
@@ -168,18 +173,79 @@ func (s *Server) Sync(stream syncStream) (err error) {
 				log.Warn("closing stream", "err", err)
 				return toStatus(err)
 			}
-		case <-keepalive.C:
-			if time.Since(lastHeard) > s.opts.KeepaliveTimeout {
-				return toStatus(errKeepaliveTimeout)
+		case now := <-dl.C():
+			if ss.awaiting && !now.Before(ss.ackBy) {
+				return toStatus(errAckTimeout)
 			}
-			ka := &pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{SentAt: timestamppb.Now()}}}
-			if err := ss.sendKeepalive(ctx, ka); err != nil {
-				return toStatus(err)
+			if dl.keepaliveDue(now) {
+				if now.Sub(lastHeard) > s.opts.KeepaliveTimeout {
+					return toStatus(errKeepaliveTimeout)
+				}
+				ka := &pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{SentAt: timestamppb.Now()}}}
+				if err := ss.sendKeepalive(ctx, ka); err != nil {
+					return toStatus(err)
+				}
 			}
-		case <-ss.ackDeadline():
-			return toStatus(errAckTimeout)
+			dl.rearm(ss.awaiting, ss.ackBy)
 		}
 	}
+}
+
+// deadlines is a Sync stream's one timer for its keepalives and its ACK
+// deadline. Two timers would add a case to the stream's select, which
+// every wake-up of every stream pays for (it locks each case's channel),
+// and the ACK timer's reset and stop on every response; this one is
+// touched per response only when the ACK deadline comes before the next
+// keepalive, which with the defaults (5 minutes against 15 s) it never
+// does.
+type deadlines struct {
+	t        *time.Timer
+	interval time.Duration
+	next     time.Time // the next keepalive
+	armed    time.Time // when t fires
+}
+
+func newDeadlines(now time.Time, interval time.Duration) *deadlines {
+	next := now.Add(interval)
+	return &deadlines{t: time.NewTimer(interval), interval: interval, next: next, armed: next}
+}
+
+// C fires at the earlier of the next keepalive and the ACK deadline.
+func (d *deadlines) C() <-chan time.Time { return d.t.C }
+
+func (d *deadlines) stop() { d.t.Stop() }
+
+// ackBy makes the timer fire by the ACK deadline at if it would fire
+// later.
+func (d *deadlines) ackBy(at time.Time) {
+	if at.Before(d.armed) {
+		d.set(at)
+	}
+}
+
+// keepaliveDue says whether a keepalive is due at now, and if so
+// schedules the next one an interval later, as a ticker would.
+func (d *deadlines) keepaliveDue(now time.Time) bool {
+	if now.Before(d.next) {
+		return false
+	}
+	d.next = now.Add(d.interval)
+	return true
+}
+
+// rearm sets the timer, which has fired, for the next keepalive or the
+// ACK deadline (when awaiting), whichever comes first.
+func (d *deadlines) rearm(awaiting bool, ackBy time.Time) {
+	at := d.next
+	if awaiting && ackBy.Before(at) {
+		at = ackBy
+	}
+	d.set(at)
+}
+
+func (d *deadlines) set(at time.Time) {
+	d.armed = at
+	d.t.Reset(time.Until(at))
 }
 
 // syncSession is the state of one Sync stream, owned by its goroutine.
@@ -198,15 +264,21 @@ type syncSession struct {
 	cur         *table.Cursor
 	st          *streamStatus
 	stream      syncStream
-	out         *sender     // for keepalives behind a large table; nil until needed
-	nonce       uint64      // of the last response sent; 0 before the first
-	awaiting    bool        // the response with nonce awaits an answer
-	inflight    uint64      // its version
-	inflightLen int         // its encoded size
-	ackTimer    *time.Timer // runs while a response is in flight
-	behind      bool        // as last recorded in st
-	held        uint64      // the cursor's HeldRevision as last reported to the tracker
-	trimLogged  bool        // a trimmed drift report was logged
+	out         *sender   // for keepalives behind a large table; nil until needed
+	nonce       uint64    // of the last response sent; 0 before the first
+	awaiting    bool      // the response with nonce awaits an answer
+	inflight    uint64    // its version
+	inflightLen int       // its encoded size
+	ackBy       time.Time // its ACK deadline
+	behind      bool      // as last recorded in st
+	held        uint64    // the cursor's HeldRevision as last reported to the tracker
+	trimLogged  bool      // a trimmed drift report was logged
+	// frame is the response in flight's: the codec reads it only within
+	// SendMsg, so one serves every response. Its head is allocated per
+	// response: gRPC writes it after SendMsg returns, and an agent that
+	// answered before reading it all must not make the next response
+	// overwrite bytes still being written.
+	frame frame
 }
 
 // quotaSafe is the largest table after which a keepalive is still
@@ -237,6 +309,10 @@ func (ss *syncSession) close() {
 // formatNonce renders a nonce as it goes on the wire.
 func formatNonce(n uint64) string { return strconv.FormatUint(n, 10) }
 
+// appendNonce appends nonce n as formatNonce renders it, without
+// allocating a string.
+func appendNonce(b []byte, n uint64) []byte { return strconv.AppendUint(b, n, 10) }
+
 // sendNext sends the cursor's next response, if any.
 func (ss *syncSession) sendNext() error {
 	r := ss.cur.Next()
@@ -250,13 +326,15 @@ func (ss *syncSession) sendNext() error {
 	}
 	ss.nonce++
 	ss.awaiting = true
-	head := protowire.AppendTag(nil, wire.SyncResponseNonce, protowire.BytesType)
-	head = protowire.AppendString(head, formatNonce(ss.nonce))
+	var nonce [20]byte
+	head := protowire.AppendTag(make([]byte, 0, 32), wire.SyncResponseNonce, protowire.BytesType)
+	head = protowire.AppendBytes(head, appendNonce(nonce[:0], ss.nonce))
 	sent, bytes, field := metrics.DeltasSent, metrics.DeltaBytesSent, wire.SyncResponseDelta
 	if r.Snapshot {
 		sent, bytes, field = metrics.SnapshotsSent, metrics.SnapshotBytesSent, wire.SyncResponseSnapshot
 	}
-	f := &frame{head: lengthPrefix(head, field, r.Body.Len()), body: r.Body}
+	ss.frame = frame{head: lengthPrefix(head, field, r.Body.Len()), body: r.Body}
+	f := &ss.frame
 	// r is in flight from here: the stream's exit decrements for it.
 	metrics.VersionsPendingAck.Inc()
 	if err := ss.stream.SendMsg(f); err != nil {
@@ -269,7 +347,7 @@ func (ss *syncSession) sendNext() error {
 	}
 	ss.st.sent(r.Version, ss.nonce, f.size())
 	ss.inflight, ss.inflightLen = r.Version, f.size()
-	ss.ackTimer.Reset(ss.opts.AckTimeout)
+	ss.ackBy = time.Now().Add(ss.opts.AckTimeout)
 	failpoint.Hit(failpoint.AfterSend)
 	return nil
 }
@@ -292,13 +370,6 @@ func (ss *syncSession) reportHeld() {
 		ss.held = rev
 		ss.conv.report(ss.st.node, rev)
 	}
-}
-
-func (ss *syncSession) ackDeadline() <-chan time.Time {
-	if !ss.awaiting {
-		return nil
-	}
-	return ss.ackTimer.C
 }
 
 // handle processes one message from the agent.
@@ -344,7 +415,8 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 // records it in the cursor with record (Cursor.Ack or Cursor.Nack), and
 // ends the wait. Nothing changes unless all of it succeeds.
 func (ss *syncSession) settle(version, nonce string, record func(uint64) error) (uint64, error) {
-	if !ss.awaiting || nonce != formatNonce(ss.nonce) {
+	var buf [20]byte
+	if !ss.awaiting || nonce != string(appendNonce(buf[:0], ss.nonce)) {
 		inflight := "none"
 		if ss.awaiting {
 			inflight = strconv.Quote(formatNonce(ss.nonce))
@@ -359,7 +431,6 @@ func (ss *syncSession) settle(version, nonce string, record func(uint64) error) 
 		return 0, fmt.Errorf("%w: %w", errInvalid, err)
 	}
 	ss.awaiting = false
-	ss.ackTimer.Stop()
 	metrics.VersionsPendingAck.Dec()
 	return v, nil
 }
@@ -464,18 +535,20 @@ type inbound struct {
 }
 
 // receive feeds the stream's messages to its owner until the stream ends,
-// then the error that ended it. It decodes them itself: when grpc-go fails
-// to decode, it ends the stream with Internal on its own, but a malformed
-// message is the agent's error (InvalidArgument), and it must say so.
+// then the error that ended it. The codec decodes them (syncMessage):
+// when grpc-go fails to decode, it ends the stream with Internal on its
+// own, but a malformed message is the agent's error (InvalidArgument),
+// and it must say so.
 func receive(ctx context.Context, stream syncStream, in chan<- inbound) {
 	for {
 		var m inbound
-		var raw rawMessage
-		var err error
-		if err = stream.RecvMsg(&raw); err != nil {
+		var sm syncMessage
+		if err := stream.RecvMsg(&sm); err != nil {
 			m.err = err
-		} else if m.req, m.entries, err = decodeRequest(raw); err != nil {
-			m.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, err)
+		} else if sm.err != nil {
+			m.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, sm.err)
+		} else {
+			m.req, m.entries = sm.req, sm.entries
 		}
 		select {
 		case in <- m:

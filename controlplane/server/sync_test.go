@@ -506,3 +506,56 @@ func TestReplicaBehindRefusesNewerTables(t *testing.T) {
 	}
 	served.close()
 }
+
+// TestAckTimeoutWithKeepalives: an agent that answers keepalives but never
+// answers its table is cut at the ACK timeout, whether that comes before
+// the first keepalive or after several, and gets its keepalives meanwhile
+// (one timer serves both).
+func TestAckTimeoutWithKeepalives(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		opts           Options
+		wantKeepalives int
+	}{
+		{"ack timeout before the first keepalive", Options{KeepaliveInterval: time.Hour, AckTimeout: 100 * time.Millisecond}, 0},
+		{"keepalives until the ack timeout", Options{KeepaliveInterval: 20 * time.Millisecond, AckTimeout: 300 * time.Millisecond}, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := cluster(t)
+			client, _, _ := newTestServer(t, store, tc.opts)
+			a := connect(t, client, &pb.Hello{NodeName: "node-1"})
+			if r := a.recv(); r.GetSnapshot() == nil {
+				t.Fatalf("first response %v, want a snapshot", r)
+			}
+			// Answer keepalives, never the table, until the stream ends.
+			keepalives := 0
+			errc := make(chan error, 1)
+			go func() {
+				for {
+					m, err := a.stream.Recv()
+					if err != nil {
+						errc <- err
+						return
+					}
+					if m.GetKeepalive() != nil {
+						keepalives++
+						// A Send racing the stream's end reports io.EOF;
+						// the next Recv then reports the status.
+						_ = a.stream.Send(&pb.SyncRequest{Kind: &pb.SyncRequest_Keepalive{Keepalive: &pb.Keepalive{}}})
+					}
+				}
+			}()
+			select {
+			case err := <-errc:
+				if status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), "neither acknowledged") {
+					t.Errorf("stream ended with %v, want DeadlineExceeded for the ACK", err)
+				}
+			case <-time.After(waitFor):
+				t.Fatalf("stream still open after %s", waitFor)
+			}
+			if keepalives < tc.wantKeepalives {
+				t.Errorf("%d keepalives before the ACK timeout, want at least %d", keepalives, tc.wantKeepalives)
+			}
+		})
+	}
+}

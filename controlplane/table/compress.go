@@ -23,7 +23,11 @@ import (
 // 6.6x; a node's whole snapshot 5.6x on average at 1,000 nodes and 6.4x
 // at 5,000, where fewer nodes have special entries (eTP Local endpoints,
 // hints): runs of 8 KiB lose on the shared runs, runs of 64 KiB on the
-// plain ones.
+// plain ones. Runs without hashes, for agents that compute them, are 60%
+// of that; fastest at 32 KiB is still the choice there
+// (BenchmarkCompressView: zstd's best level saves 8% of a node's
+// snapshot at 5,000 nodes for ten times the CPU per view, and a view is
+// compressed again in every world a snapshot is needed of).
 
 // runBytes is the plain size after which a run is cut.
 const runBytes = 32 << 10
@@ -40,29 +44,103 @@ var encoder = sync.OnceValue(func() *zstd.Encoder {
 	return e
 })
 
+// compression is how a cursor's snapshots carry the zone view's entries.
+type compression uint8
+
+const (
+	// plain entries (Snapshot.entries): the agent announced no compression.
+	uncompressed compression = iota
+	// hashed runs (Snapshot.zstd_entries), for Capabilities.zstd_entries.
+	hashed
+	// unhashed runs (Snapshot.zstd_entries_unhashed), for
+	// Capabilities.zstd_entries_unhashed: every entry without its hash
+	// field, which the agent computes from the entry. The hashes are 8
+	// bytes of entropy per entry that zstd cannot shrink, 40% of a
+	// hashed run compressed.
+	unhashed
+)
+
 // run is one compressed run of a zone view: entries [first, end), encoded
-// as one Snapshot.zstd_entries field, tag and length included.
+// as one Snapshot.zstd_entries or zstd_entries_unhashed field, tag and
+// length included.
 type run struct {
 	first, end int
 	field      []byte
 }
 
-// runs returns the view's compressed runs, compressing on first use.
-func (zv *zoneView) runs() []run {
-	zv.runsOnce.Do(func() {
-		enc := encoder()
-		n := len(zv.hashes)
-		for first := 0; first < n; {
-			end := first + 1
-			for end < n && zv.offsets[end+1]-zv.offsets[first] <= runBytes {
-				end++
-			}
-			frame := enc.EncodeAll(zv.body[zv.offsets[first]:zv.offsets[end]], nil)
-			field := protowire.AppendTag(make([]byte, 0, len(frame)+8), wire.SnapshotZstdEntries, protowire.BytesType)
-			field = protowire.AppendBytes(field, frame)
-			zv.compressed = append(zv.compressed, run{first: first, end: end, field: field})
-			first = end
+// runs returns the view's compressed runs of kind c (hashed or unhashed),
+// compressing on first use.
+func (zv *zoneView) runs(c compression) []run {
+	k := c - hashed
+	zv.runsOnce[k].Do(func() { zv.compressed[k] = zv.cut(c, encoder(), runBytes) })
+	return zv.compressed[k]
+}
+
+// cut cuts the view into runs of whole entries of at most size plain bytes
+// (or one entry), each compressed by enc as one frame of kind c.
+func (zv *zoneView) cut(c compression, enc *zstd.Encoder, size int) []run {
+	num := wire.SnapshotZstdEntries
+	if c == unhashed {
+		num = wire.SnapshotZstdEntriesUnhashed
+	}
+	var runs []run
+	var stripped []byte // a run without hashes, reused
+	n := len(zv.hashes)
+	for first := 0; first < n; {
+		end := first + 1
+		for end < n && zv.offsets[end+1]-zv.offsets[first] <= size {
+			end++
 		}
-	})
-	return zv.compressed
+		content := zv.body[zv.offsets[first]:zv.offsets[end]]
+		if c == unhashed {
+			stripped = stripHashes(stripped[:0], content)
+			content = stripped
+		}
+		frame := enc.EncodeAll(content, nil)
+		field := protowire.AppendTag(make([]byte, 0, len(frame)+8), num, protowire.BytesType)
+		field = protowire.AppendBytes(field, frame)
+		runs = append(runs, run{first: first, end: end, field: field})
+		first = end
+	}
+	return runs
+}
+
+// stripHashes appends the encoded Snapshot.entries fields b to dst with
+// every entry's hash field left out. b is a zone view's body, which this
+// package wrote (appendEntry): it parses.
+func stripHashes(dst, b []byte) []byte {
+	for len(b) > 0 {
+		_, _, n := protowire.ConsumeTag(b)
+		entry, m := protowire.ConsumeBytes(b[n:])
+		b = b[n+m:]
+		size := len(entry)
+		if i, j := hashField(entry); i < j {
+			size -= j - i
+			dst = protowire.AppendTag(dst, wire.SnapshotEntries, protowire.BytesType)
+			dst = protowire.AppendVarint(dst, uint64(size))
+			dst = append(dst, entry[:i]...)
+			dst = append(dst, entry[j:]...)
+			continue
+		}
+		dst = protowire.AppendTag(dst, wire.SnapshotEntries, protowire.BytesType)
+		dst = protowire.AppendBytes(dst, entry)
+	}
+	return dst
+}
+
+// hashField returns where the encoded ServiceEntry e holds its hash field,
+// e[i:j], or i == j when it holds none.
+func hashField(e []byte) (i, j int) {
+	for off := 0; off < len(e); {
+		num, typ, n := protowire.ConsumeTag(e[off:])
+		m := protowire.ConsumeFieldValue(num, typ, e[off+n:])
+		if n < 0 || m < 0 {
+			return 0, 0
+		}
+		if num == wire.ServiceEntryHash {
+			return off, off + n + m
+		}
+		off += n + m
+	}
+	return 0, 0
 }

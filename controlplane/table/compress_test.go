@@ -2,12 +2,16 @@ package table
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/proxyplane/proxyplane/controlplane/wire"
+	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // inflateSnapshot returns the encoded Snapshot b with its compressed
@@ -30,17 +34,50 @@ func inflateSnapshot(t testing.TB, b []byte) []byte {
 		if m < 0 {
 			t.Fatalf("snapshot: %v", protowire.ParseError(m))
 		}
-		if num == wire.SnapshotZstdEntries {
+		switch num {
+		case wire.SnapshotZstdEntries:
 			frame, _ := protowire.ConsumeBytes(b[n:])
 			if out, err = dec.DecodeAll(frame, out); err != nil {
 				t.Fatalf("inflating: %v", err)
 			}
-		} else {
+		case wire.SnapshotZstdEntriesUnhashed:
+			frame, _ := protowire.ConsumeBytes(b[n:])
+			content, err := dec.DecodeAll(frame, nil)
+			if err != nil {
+				t.Fatalf("inflating: %v", err)
+			}
+			out = appendHashed(t, out, content)
+		default:
 			out = append(out, b[:n+m]...)
 		}
 		b = b[n+m:]
 	}
 	return out
+}
+
+// appendHashed appends the unhashed entries b to out with the hash of
+// each, computed from its content (tablehash), put in after its key.
+func appendHashed(t testing.TB, out, b []byte) []byte {
+	t.Helper()
+	var s pb.Snapshot
+	if err := proto.Unmarshal(b, &s); err != nil {
+		t.Fatalf("unhashed entries: %v", err)
+	}
+	for _, e := range s.GetEntries() {
+		if e.GetHash() != 0 {
+			t.Fatalf("unhashed entry %s carries hash %016x", e.GetKey(), e.GetHash())
+		}
+		h, err := tablehash.Entry(e.GetKey(), e.GetService())
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Hash = h
+	}
+	plain, err := proto.Marshal(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(out, plain...)
 }
 
 // TestCompressedSnapshotInflatesToPlain checks that a compressed snapshot,
@@ -55,51 +92,89 @@ func TestCompressedSnapshotInflatesToPlain(t *testing.T) {
 	store := NewStore(100)
 	store.Publish(c.buildAll(t), c.nodeMap)
 	w := store.Current()
-	if n := len(w.zoneView("").runs()); n < 3 {
+	if n := len(w.zoneView("").runs(hashed)); n < 3 {
 		t.Fatalf("the view has %d runs; the test wants several", n)
 	}
-	withSpecial := 0
-	shared := map[*byte]int{} // first byte of each run referenced -> nodes
-	for _, n := range c.nodes[:200] {
-		plain, err := NewCursor(n.Name, w, Held{}, true, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		compressed, err := NewCursor(n.Name, w, Held{}, true, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		compressed.CompressSnapshots()
-		rp, rc := plain.Next(), compressed.Next()
-		if rc.Version != rp.Version || rc.Upserts != rp.Upserts || !rc.TriggerTime.Equal(rp.TriggerTime) || rc.ResourceVersion != rp.ResourceVersion {
-			t.Fatalf("%s: compressed response %+v, plain %+v: want the same version, counts and times", n.Name, rc, rp)
-		}
-		special := len(w.index().special[n.Name])
-		if special == 0 && rc.Body.Len()*3 > rp.Body.Len() {
-			t.Errorf("%s: compressed snapshot is %d bytes, plain %d: want under a third", n.Name, rc.Body.Len(), rp.Body.Len())
-		}
-		got := inflateSnapshot(t, rc.Body.Bytes())
-		if want := rp.Body.Bytes(); !bytes.Equal(got, want) {
-			t.Fatalf("%s: inflated snapshot differs from the plain one (%d bytes, want %d)", n.Name, len(got), len(want))
-		}
-		if special > 0 {
-			withSpecial++
-		}
-		for _, p := range rc.Body {
-			if len(p) > 0 && protowire.Number(p[0]>>3) == wire.SnapshotZstdEntries {
-				shared[&p[0]]++
+	for _, tc := range []struct {
+		name string
+		kind compression
+		num  protowire.Number
+	}{
+		{"hashed", hashed, wire.SnapshotZstdEntries},
+		{"unhashed", unhashed, wire.SnapshotZstdEntriesUnhashed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			withSpecial := 0
+			shared := map[*byte]int{} // first byte of each run referenced -> nodes
+			for _, n := range c.nodes[:200] {
+				plain, err := NewCursor(n.Name, w, Held{}, true, 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				compressed, err := NewCursor(n.Name, w, Held{}, true, 100)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if tc.kind == unhashed {
+					compressed.CompressSnapshotsUnhashed()
+				} else {
+					compressed.CompressSnapshots()
+				}
+				rp, rc := plain.Next(), compressed.Next()
+				if rc.Version != rp.Version || rc.Upserts != rp.Upserts || !rc.TriggerTime.Equal(rp.TriggerTime) || rc.ResourceVersion != rp.ResourceVersion {
+					t.Fatalf("%s: compressed response %+v, plain %+v: want the same version, counts and times", n.Name, rc, rp)
+				}
+				special := len(w.index().special[n.Name])
+				if special == 0 && rc.Body.Len()*3 > rp.Body.Len() {
+					t.Errorf("%s: compressed snapshot is %d bytes, plain %d: want under a third", n.Name, rc.Body.Len(), rp.Body.Len())
+				}
+				got := inflateSnapshot(t, rc.Body.Bytes())
+				if want := rp.Body.Bytes(); !bytes.Equal(got, want) {
+					t.Fatalf("%s: inflated snapshot differs from the plain one (%d bytes, want %d)", n.Name, len(got), len(want))
+				}
+				if special > 0 {
+					withSpecial++
+				}
+				for _, p := range rc.Body {
+					if len(p) > 0 && protowire.Number(p[0]>>3) == tc.num {
+						shared[&p[0]]++
+					}
+				}
 			}
+			if withSpecial == 0 {
+				t.Error("no node has entries special to it; the test wants some")
+			}
+			most := 0
+			for _, n := range shared {
+				most = max(most, n)
+			}
+			if most < 2 {
+				t.Errorf("no run is referenced by more than %d snapshots: the runs are not shared", most)
+			}
+		})
+	}
+}
+
+// TestUnhashedRunsAreSmaller checks that leaving the hashes out of the
+// compressed runs saves what they cost: a third of the view at least (8
+// bytes of entropy per entry, about 40% of a compressed hashed view).
+func TestUnhashedRunsAreSmaller(t *testing.T) {
+	c := newScaleCluster(100, 2000)
+	store := NewStore(100)
+	store.Publish(c.buildAll(t), c.nodeMap)
+	zv := store.Current().zoneView("")
+	size := func(k compression) (n int) {
+		for _, r := range zv.runs(k) {
+			n += len(r.field)
 		}
+		return n
 	}
-	if withSpecial == 0 {
-		t.Error("no node has entries special to it; the test wants some")
+	h, u := size(hashed), size(unhashed)
+	if 3*u > 2*h {
+		t.Errorf("the view's unhashed runs are %d bytes, hashed %d: want a third less at least", u, h)
 	}
-	most := 0
-	for _, n := range shared {
-		most = max(most, n)
-	}
-	if most < 2 {
-		t.Errorf("no run is referenced by more than %d snapshots: the runs are not shared", most)
+	if len(zv.runs(hashed)) != len(zv.runs(unhashed)) {
+		t.Errorf("%d hashed runs, %d unhashed: want the same cut", len(zv.runs(hashed)), len(zv.runs(unhashed)))
 	}
 }
 
@@ -125,5 +200,56 @@ func TestDeltasStayPlain(t *testing.T) {
 	d := decodeDelta(t, cur.Next())
 	if len(d.GetUpserts()) != 1 {
 		t.Fatalf("delta upserts %d entries, want 1 plain entry", len(d.GetUpserts()))
+	}
+}
+
+// BenchmarkCompressView measures compress.go's choices on a zone view of
+// the mixed 10,000-Service world, for runs without hashes (what nodeagent
+// gets): zstd's level and the run size. ns/op is one compression of the
+// view (once per view per world); view-B is its compressed runs; node-B
+// the average snapshot body of the world's nodes, whose runs holding
+// entries special to them go plain (every node taken to be of the view's
+// zone), at 1,000 and 5,000 nodes. docs/benchmarks.md records it.
+func BenchmarkCompressView(b *testing.B) {
+	for _, nodes := range []int{1000, 5000} {
+		c := newScaleCluster(nodes, 10000)
+		store := NewStore(100)
+		store.Publish(c.buildAll(b), c.nodeMap)
+		w := store.Current()
+		zv := w.zoneView("zone-a")
+		for _, lvl := range []zstd.EncoderLevel{zstd.SpeedFastest, zstd.SpeedDefault, zstd.SpeedBestCompression} {
+			enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithSingleSegment(true))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, size := range []int{16 << 10, 32 << 10, 64 << 10} {
+				b.Run(fmt.Sprintf("nodes=%d/level=%s/run=%dKiB", nodes, lvl, size>>10), func(b *testing.B) {
+					var runs []run
+					for b.Loop() {
+						runs = zv.cut(unhashed, enc, size)
+					}
+					view, extra := 0, 0
+					for _, r := range runs {
+						view += len(r.field)
+					}
+					for _, n := range c.nodes {
+						special := w.index().special[n.Name]
+						j := 0
+						for _, r := range runs {
+							k := j
+							for k < len(special) && special[k] < r.end {
+								k++
+							}
+							if k > j {
+								extra += zv.offsets[r.end] - zv.offsets[r.first] - len(r.field)
+							}
+							j = k
+						}
+					}
+					b.ReportMetric(float64(view), "view-B")
+					b.ReportMetric(float64(view+extra/len(c.nodes)), "node-B")
+				})
+			}
+		}
 	}
 }

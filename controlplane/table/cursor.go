@@ -19,7 +19,7 @@ import (
 type Cursor struct {
 	node       string
 	deltas     bool
-	compress   bool // see CompressSnapshots
+	compress   compression // see CompressSnapshots
 	maxPending int
 
 	world   *World
@@ -31,6 +31,10 @@ type Cursor struct {
 	// heldRevision is the latest world whose table for the node the agent
 	// is known to hold (see HeldRevision).
 	heldRevision uint64
+	// nodeWorld and nodeInfo cache world.Node(node) for world nodeWorld
+	// (see nodeIn).
+	nodeWorld *World
+	nodeInfo  *compute.Node
 }
 
 // inflight is what the cursor remembers of the response in flight: not
@@ -147,7 +151,12 @@ func NewCursor(node string, w *World, held Held, deltas bool, maxPending int) (*
 // compressed runs (Snapshot.zstd_entries) in place of its plain entries,
 // for an agent that announced Capabilities.zstd_entries. Versions and
 // everything else stay as they are: they describe the content.
-func (c *Cursor) CompressSnapshots() { c.compress = true }
+func (c *Cursor) CompressSnapshots() { c.compress = hashed }
+
+// CompressSnapshotsUnhashed is CompressSnapshots with runs that leave out
+// every entry's hash (Snapshot.zstd_entries_unhashed), for an agent that
+// announced Capabilities.zstd_entries_unhashed and computes them itself.
+func (c *Cursor) CompressSnapshotsUnhashed() { c.compress = unhashed }
 
 // Update records a newer world and the changes since the previous one.
 func (c *Cursor) Update(w *World, p Pending) {
@@ -168,7 +177,18 @@ func (c *Cursor) InFlight() (uint64, bool) {
 // (as far as acknowledged): nothing pending and nothing in flight.
 func (c *Cursor) Current() bool {
 	return c.inflight == nil && c.base.kind == baseTracked && c.pending.Len() == 0 && !c.pending.Overflow &&
-		c.base.node.Equal(c.world.Node(c.node))
+		c.base.node.Equal(c.nodeIn())
+}
+
+// nodeIn is the node's info in the cursor's world, looked up once per
+// world: a stream asks for it three times per delta (Next after the
+// change, Next and Current after the ACK), and each lookup is a miss in
+// the CPU's caches, with thousands of streams taking turns.
+func (c *Cursor) nodeIn() *compute.Node {
+	if c.nodeWorld != c.world {
+		c.nodeWorld, c.nodeInfo = c.world, c.world.Node(c.node)
+	}
+	return c.nodeInfo
 }
 
 // AckedVersion is the version the agent holds, and whether it is known.
@@ -190,7 +210,7 @@ func (c *Cursor) Next() *Response {
 	if c.inflight != nil {
 		return nil
 	}
-	node := c.world.Node(c.node)
+	node := c.nodeIn()
 	var r *Response
 	switch {
 	case c.base.kind == baseNone:
@@ -288,8 +308,8 @@ func (c *Cursor) snapshot(node *compute.Node) *Response {
 	head := appendString(nil, wire.SnapshotVersion, compute.FormatVersion(r.Version))
 	head = appendMessage(head, wire.SnapshotNode, node.Bytes)
 	var body Body
-	if c.compress {
-		runs := zv.runs()
+	if c.compress != uncompressed {
+		runs := zv.runs(c.compress)
 		body = make(Body, 0, 2+len(runs)+2*len(special))
 		body = append(body, head)
 		j := 0 // special[j:] are in this run or later ones
@@ -367,6 +387,9 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 			}
 		}
 	} else {
+		// A change or two, usually: on the stack.
+		var fewKeys [4]string
+		keys = fewKeys[:0]
 		for k := range c.pending.Services {
 			keys = append(keys, k)
 		}
@@ -374,7 +397,11 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 	slices.Sort(keys)
 
 	r := &Response{Base: c.base.version, Version: c.base.version - oldNode + node.Hash, ResourceVersion: c.world.ResourceVersion()}
-	var upserts, removals []byte
+	var removals []byte
+	// Each upsert encoded, in key order: the world's shared encoding for
+	// the node's zone, or the node's own for an entry special to it.
+	var few [4][]byte
+	upserts, size := few[:0], 0
 	for _, k := range keys {
 		oldHash, had := old(k)
 		svc := c.world.Service(k)
@@ -389,7 +416,14 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 				continue
 			}
 			r.Version += e.Hash - oldHash // oldHash is 0 when !had
-			upserts = appendEntry(upserts, wire.DeltaUpserts, k, e, svc.TriggerTime)
+			var u []byte
+			if svc.Special(node.Name) {
+				u = appendEntry(nil, wire.DeltaUpserts, k, e, svc.TriggerTime)
+			} else {
+				u = c.world.deltaUpsert(k, svc, node.Zone)
+			}
+			upserts = append(upserts, u)
+			size += len(u)
 			r.Upserts++
 			r.noteTrigger(svc.TriggerTime)
 		}
@@ -398,13 +432,15 @@ func (c *Cursor) diff(node *compute.Node, old func(string) (uint64, bool), oldNo
 	if r.Upserts == 0 && r.Removals == 0 && !nodeChanged {
 		return nil
 	}
-	body := make([]byte, 0, len(upserts)+len(removals)+len(node.Bytes)+48)
-	body = appendString(body, wire.DeltaBaseVersion, compute.FormatVersion(r.Base))
-	body = appendString(body, wire.DeltaVersion, compute.FormatVersion(r.Version))
+	body := make([]byte, 0, size+len(removals)+len(node.Bytes)+64)
+	body = appendVersion(body, wire.DeltaBaseVersion, r.Base)
+	body = appendVersion(body, wire.DeltaVersion, r.Version)
 	if nodeChanged {
 		body = appendMessage(body, wire.DeltaNode, node.Bytes)
 	}
-	body = append(body, upserts...)
+	for _, u := range upserts {
+		body = append(body, u...)
+	}
 	body = append(body, removals...)
 	r.Body = Body{appendUint(body, wire.DeltaResourceVersion, r.ResourceVersion)}
 	return r

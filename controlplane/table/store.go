@@ -212,7 +212,8 @@ type Subscription struct {
 // at the base (nil where it did not exist), or Overflow when too much
 // changed to keep track of.
 type Pending struct {
-	// Services holds each changed Service's state at the base.
+	// Services holds each changed Service's state at the base. It may be
+	// shared with other Pendings and the store: never modify it.
 	Services map[string]*compute.Service
 	// Overflow means the changes were not recorded: send a snapshot.
 	Overflow bool
@@ -221,6 +222,9 @@ type Pending struct {
 	// changed). A reader that takes several worlds at once dates the
 	// change from here, not from the latest world.
 	Published time.Time
+	// shared says Services is borrowed (a crumb's, which every
+	// subscription reads): add copies it before it writes to it.
+	shared bool
 }
 
 // Len is the number of changed Services recorded.
@@ -239,14 +243,24 @@ func (p *Pending) merge(newer Pending, limit int) {
 	}
 }
 
-// add folds one crumb's changes into p, as merge does.
+// add folds one crumb's changes into p, as merge does. Into an empty p
+// it borrows changed rather than copying it: every stream takes every
+// world, nearly always one at a time, and two copies of each world's
+// changes per stream and world were a tenth of the control plane's
+// allocations per response (docs/benchmarks.md).
 func (p *Pending) add(changed map[string]*compute.Service, limit int) {
-	for k, old := range changed {
-		if _, seen := p.Services[k]; !seen {
-			if p.Services == nil {
-				p.Services = map[string]*compute.Service{}
+	if len(p.Services) == 0 {
+		if len(changed) > 0 {
+			p.Services, p.shared = changed, true
+		}
+	} else {
+		for k, old := range changed {
+			if _, seen := p.Services[k]; !seen {
+				if p.shared {
+					p.Services, p.shared = maps.Clone(p.Services), false
+				}
+				p.Services[k] = old
 			}
-			p.Services[k] = old
 		}
 	}
 	if len(p.Services) > limit {

@@ -61,6 +61,19 @@ func appendString(b []byte, num protowire.Number, s string) []byte {
 	return protowire.AppendString(b, s)
 }
 
+// appendVersion appends a string field holding version v as
+// compute.FormatVersion renders it (16 hex digits), without building the
+// string: two per delta, for every agent reached by every change.
+func appendVersion(b []byte, num protowire.Number, v uint64) []byte {
+	const digits = "0123456789abcdef"
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	b = protowire.AppendVarint(b, 16)
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, digits[v>>uint(shift)&0xf])
+	}
+	return b
+}
+
 func appendMessage(b []byte, num protowire.Number, m []byte) []byte {
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendBytes(b, m)

@@ -34,6 +34,17 @@ type World struct {
 
 	viewsMu sync.Mutex // guards views
 	views   map[string]*zoneView
+
+	upsertsMu sync.Mutex // guards upserts
+	upserts   map[upsertKey][]byte
+}
+
+// upsertKey names a Service's entry as the nodes of one or more zones
+// see it: by its shared part, which zones a Service's hints do not name
+// have in common.
+type upsertKey struct {
+	key  string
+	part *compute.Part
 }
 
 // worldIndex is what a world's tables share: the sorted keys, which keys
@@ -57,8 +68,8 @@ type zoneView struct {
 	sum     uint64   // sum of hashes
 	trigger time.Time
 
-	runsOnce   sync.Once
-	compressed []run // see runs
+	runsOnce   [2]sync.Once
+	compressed [2][]run // hashed and unhashed; see runs
 }
 
 // ResourceVersion is the cluster's resourceVersion through which this
@@ -187,4 +198,28 @@ func (zv *zoneView) build(w *World, zone string) {
 		}
 	}
 	zv.offsets[len(keys)] = len(zv.body)
+}
+
+// deltaUpsert returns the Service svc under key as Delta.upserts encodes
+// it for the nodes of zone to which it is not special (whose entry is
+// svc.ZoneEntry(zone)): encoded once per world and view and shared by
+// every stream's delta, as a snapshot's entries are shared through the
+// zone views, rather than once per agent. Callers copy it; never modify
+// it. A world keeps those of the Services its deltas changed, or, for
+// an agent back with an older table, of every Service that differs: at
+// most a zone view's worth per view.
+func (w *World) deltaUpsert(key string, svc *compute.Service, zone string) []byte {
+	e := svc.ZoneEntry(zone)
+	k := upsertKey{key, e.Shared}
+	w.upsertsMu.Lock()
+	defer w.upsertsMu.Unlock()
+	if b, ok := w.upserts[k]; ok {
+		return b
+	}
+	if w.upserts == nil {
+		w.upserts = map[upsertKey][]byte{}
+	}
+	b := appendEntry(nil, wire.DeltaUpserts, key, e, svc.TriggerTime)
+	w.upserts[k] = b
+	return b
 }

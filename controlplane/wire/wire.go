@@ -55,6 +55,9 @@ const (
 	// of entries compressed once per zone view (package table), which the
 	// agent's codec inflates in place (nodeagent/client).
 	SnapshotZstdEntries protowire.Number = 5
+	// SnapshotZstdEntriesUnhashed is Snapshot.zstd_entries_unhashed
+	// (repeated bytes): the same runs with every entry's hash left out.
+	SnapshotZstdEntriesUnhashed protowire.Number = 6
 )
 
 // Fields of proxyplane.v1.Delta, assembled by package table.

@@ -48,6 +48,7 @@ var handFields = []handField{
 	{"SnapshotEntries", SnapshotEntries, "proxyplane.v1.Snapshot", "entries", protoreflect.MessageKind, protowire.BytesType, true, "proxyplane.v1.ServiceEntry"},
 	{"SnapshotResourceVersion", SnapshotResourceVersion, "proxyplane.v1.Snapshot", "resource_version", protoreflect.Uint64Kind, protowire.VarintType, false, ""},
 	{"SnapshotZstdEntries", SnapshotZstdEntries, "proxyplane.v1.Snapshot", "zstd_entries", protoreflect.BytesKind, protowire.BytesType, true, ""},
+	{"SnapshotZstdEntriesUnhashed", SnapshotZstdEntriesUnhashed, "proxyplane.v1.Snapshot", "zstd_entries_unhashed", protoreflect.BytesKind, protowire.BytesType, true, ""},
 
 	{"DeltaBaseVersion", DeltaBaseVersion, "proxyplane.v1.Delta", "base_version", protoreflect.StringKind, protowire.BytesType, false, ""},
 	{"DeltaVersion", DeltaVersion, "proxyplane.v1.Delta", "version", protoreflect.StringKind, protowire.BytesType, false, ""},

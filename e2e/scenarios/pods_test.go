@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -149,14 +150,37 @@ func (e *podsEnv) testInstalled(t *testing.T) {
 			t.Errorf("%s started at %s, after a replica was Ready at %s: this was no fresh install", p.Name, started, firstReady)
 		}
 		e.checkProjectedToken(t, &p)
-		// Through the API server from the kubelet, as `kubectl logs`.
-		logs, err := e.b.Admin().CoreV1().Pods(e.ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: "nodeagent", TailLines: ptr.To[int64](5)}).DoRaw(ctx)
-		if err != nil || len(logs) == 0 {
-			t.Errorf("%s's log through the API server: %q, %v", p.Name, logs, err)
-		}
+		e.checkMemoryLimit(ctx, t, &p, "nodeagent")
+	}
+	for _, p := range replicas {
+		e.checkMemoryLimit(ctx, t, &p, "controlplane")
 	}
 	if len(nodes) != len(e.b.Agents) {
 		t.Errorf("agents on %d distinct nodes, want %d", len(nodes), len(e.b.Agents))
+	}
+}
+
+// checkMemoryLimit checks, in pod p's log as `kubectl logs` reads it
+// (from the kubelet through the API server), that container set its Go
+// heap's soft limit from the memory limit deploy/ gives it: without one
+// the collector lets the heap grow to twice the live data, past the
+// container's limit at the table sizes docs/benchmarks.md measures.
+func (e *podsEnv) checkMemoryLimit(ctx context.Context, t *testing.T, p *corev1.Pod, container string) {
+	t.Helper()
+	logs, err := e.b.Admin().CoreV1().Pods(e.ns).GetLogs(p.Name, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
+	if err != nil || len(logs) == 0 {
+		t.Errorf("%s's log through the API server: %q, %v", p.Name, logs, err)
+		return
+	}
+	var limit *resource.Quantity
+	for _, c := range p.Spec.Containers {
+		if c.Name == container {
+			limit = c.Resources.Limits.Memory()
+		}
+	}
+	want := strconv.FormatInt(int64(float64(limit.Value())*0.9), 10)
+	if !strings.Contains(string(logs), "GOMEMLIMIT is updated") || !strings.Contains(string(logs), want) {
+		t.Errorf("%s's %s log does not say it set GOMEMLIMIT to %s (90%% of its limit %s):\n%s", p.Name, container, want, limit, logs)
 	}
 }
 

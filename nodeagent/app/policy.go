@@ -2,10 +2,13 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/proxyplane/proxyplane/internal/capture"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/ipvs"
@@ -29,21 +32,35 @@ func (o *Options) policy(ctx context.Context, log *slog.Logger) *proxytable.Poli
 }
 
 // interfaceAddrs lists the addresses of the network namespace the agent
-// runs in: with host networking, the node's.
+// runs in (with host networking, the node's), but those of the IPVS links:
+// there IPVS binds the Services' own addresses, and counting them as the
+// node's would make every cluster IP capture the node once programmed.
 func interfaceAddrs() ([]netip.Addr, error) {
-	addrs, err := net.InterfaceAddrs()
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing the node's addresses: %w", err)
 	}
-	out := make([]netip.Addr, 0, len(addrs))
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, ip.Unmap())
-			}
+	var skip []int
+	for _, name := range ipvsLinks {
+		if i, err := net.InterfaceByName(name); err == nil {
+			skip = append(skip, i.Index)
 		}
 	}
-	return out, nil
+	return nodeAddrs(addrs, skip), nil
+}
+
+// nodeAddrs returns the addresses of addrs but those on the links skip.
+func nodeAddrs(addrs []netlink.Addr, skip []int) []netip.Addr {
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if a.IPNet == nil || slices.Contains(skip, a.LinkIndex) {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
 }
 
 // maxReportedAddrs is the control plane's bound on Hello.node_addresses

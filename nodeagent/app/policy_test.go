@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
+	"github.com/proxyplane/proxyplane/internal/capture"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -82,5 +85,33 @@ func TestGlobalAddrs(t *testing.T) {
 	links = map[string][]net.Addr{"eth0": many}
 	if got := globalAddrs([]net.Interface{{Name: "eth0"}}, addrsOf, slog.New(slog.DiscardHandler)); len(got) != maxReportedAddrs {
 		t.Errorf("globalAddrs of 300 addresses reported %d, want %d", len(got), maxReportedAddrs)
+	}
+}
+
+// TestNodeAddrsLeaveOutIPVSLinks checks that the addresses IPVS binds to its
+// links are not the node's: counting them made every cluster IP of the next
+// table "an address of the node", and the agent refused it.
+func TestNodeAddrsLeaveOutIPVSLinks(t *testing.T) {
+	addr := func(s string, link int) netlink.Addr {
+		a, err := netlink.ParseAddr(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.LinkIndex = link
+		return *a
+	}
+	const eth0, ppIPVS, kubeIPVS = 2, 7, 9
+	addrs := []netlink.Addr{
+		addr("192.168.0.21/24", eth0), addr("2001:db8::21/64", eth0),
+		addr("10.96.0.10/32", ppIPVS), addr("10.96.0.1/32", kubeIPVS),
+	}
+	got := nodeAddrs(addrs, []int{ppIPVS, kubeIPVS})
+	want := []netip.Addr{netip.MustParseAddr("192.168.0.21"), netip.MustParseAddr("2001:db8::21")}
+	if !slices.Equal(got, want) {
+		t.Fatalf("nodeAddrs = %v, want %v", got, want)
+	}
+	rules := capture.Rules{BindsServiceAddresses: true}
+	if err := rules.Address(capture.ClusterIP, netip.MustParseAddr("10.96.0.10"), []int32{53}, nil, got); err != nil {
+		t.Errorf("a cluster IP IPVS has bound is refused: %v", err)
 	}
 }

@@ -151,8 +151,9 @@ func Run(ctx context.Context, o *Options, log *slog.Logger) error {
 			Capabilities: &pb.Capabilities{
 				Deltas: true, Dataplane: o.ProxyMode, AgentVersion: BuildVersion(),
 				// The client inflates compressed snapshot entries within
-				// MaxRecvMessageBytes.
-				ZstdEntries: true,
+				// MaxRecvMessageBytes, and computes the hashes of those
+				// sent without.
+				ZstdEntries: true, ZstdEntriesUnhashed: true,
 			},
 			Credentials:         o.Credentials(),
 			BackoffMin:          500 * time.Millisecond,

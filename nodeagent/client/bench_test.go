@@ -12,16 +12,18 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // bench10k is a response of 10,000 Services (NodePort, 3 endpoints each,
 // about 1.5 MB), plain and compressed as the control plane compresses a
-// zone view: runs of 32 KiB, zstd's fastest level, single segments.
-func bench10k(b *testing.B) (plain, compressed []byte) {
+// zone view: runs of 32 KiB, zstd's fastest level, single segments, with
+// the entries' hashes (zstd_entries) and without (zstd_entries_unhashed).
+func bench10k(b *testing.B) (plain, compressed, unhashed []byte) {
 	b.Helper()
 	snap := &pb.Snapshot{Version: "0000000000000001", Node: &pb.NodeInfo{Name: "node-1", Hash: 1}, ResourceVersion: 12345}
-	var entries []byte
-	var runs [][]byte
+	var entries, bare []byte
+	var runs, bareRuns [][]byte
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithSingleSegment(true))
 	if err != nil {
 		b.Fatal(err)
@@ -39,7 +41,14 @@ func bench10k(b *testing.B) (plain, compressed []byte) {
 			})
 		}
 		s.ClusterEndpoints = []*pb.PortEndpoints{pe}
-		e := &pb.ServiceEntry{Key: "default/" + name, Hash: uint64(i)*0x9e3779b97f4a7c15 + 1, Service: s}
+		e := &pb.ServiceEntry{Key: "default/" + name, Service: s}
+		bb, err := proto.Marshal(&pb.Snapshot{Entries: []*pb.ServiceEntry{e}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if e.Hash, err = tablehash.Entry(e.Key, s); err != nil {
+			b.Fatal(err)
+		}
 		snap.Entries = append(snap.Entries, e)
 		eb, err := proto.Marshal(&pb.Snapshot{Entries: []*pb.ServiceEntry{e}})
 		if err != nil {
@@ -47,24 +56,30 @@ func bench10k(b *testing.B) (plain, compressed []byte) {
 		}
 		if len(entries) > 0 && len(entries)+len(eb) > 32<<10 {
 			runs = append(runs, enc.EncodeAll(entries, nil))
-			entries = entries[:0]
+			bareRuns = append(bareRuns, enc.EncodeAll(bare, nil))
+			entries, bare = entries[:0], bare[:0]
 		}
 		entries = append(entries, eb...)
+		bare = append(bare, bb...)
 	}
 	runs = append(runs, enc.EncodeAll(entries, nil))
+	bareRuns = append(bareRuns, enc.EncodeAll(bare, nil))
 	plain, err = proto.Marshal(&pb.SyncResponse{Nonce: "1", Kind: &pb.SyncResponse_Snapshot{Snapshot: snap}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	head := &pb.Snapshot{Version: snap.Version, Node: snap.Node, ResourceVersion: snap.ResourceVersion, ZstdEntries: runs}
-	hb, err := proto.Marshal(head)
-	if err != nil {
-		b.Fatal(err)
+	response := func(head *pb.Snapshot) []byte {
+		hb, err := proto.Marshal(head)
+		if err != nil {
+			b.Fatal(err)
+		}
+		msg := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "1")
+		msg = protowire.AppendTag(msg, 2, protowire.BytesType)
+		return protowire.AppendBytes(msg, hb)
 	}
-	compressed = protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "1")
-	compressed = protowire.AppendTag(compressed, 2, protowire.BytesType)
-	compressed = protowire.AppendBytes(compressed, hb)
-	return plain, compressed
+	compressed = response(&pb.Snapshot{Version: snap.Version, Node: snap.Node, ResourceVersion: snap.ResourceVersion, ZstdEntries: runs})
+	unhashed = response(&pb.Snapshot{Version: snap.Version, Node: snap.Node, ResourceVersion: snap.ResourceVersion, ZstdEntriesUnhashed: bareRuns})
+	return plain, compressed, unhashed
 }
 
 // asReceived cuts b into 16 KiB buffers, as grpc-go hands a message read
@@ -80,18 +95,19 @@ func asReceived(b []byte) mem.BufferSlice {
 }
 
 // BenchmarkDecode10k is the agent's decode of a 10,000-Service snapshot
-// by the Sync codec, plain and compressed (inflated first, then decoded).
+// by the Sync codec, plain and compressed (inflated first, then decoded;
+// without hashes, the hashes computed while inflating).
 // heap-B/op is what one decode allocates with the collector off, an upper
 // bound on what it adds to the peak; wire-B is the message as received,
 // which grpc-go holds while the codec runs. docs/benchmarks.md records
 // it.
 func BenchmarkDecode10k(b *testing.B) {
-	plain, compressed := bench10k(b)
+	plain, compressed, unhashed := bench10k(b)
 	codec := syncCodec(64 << 20)
 	for _, tc := range []struct {
 		name string
 		msg  []byte
-	}{{"plain", plain}, {"zstd", compressed}} {
+	}{{"plain", plain}, {"zstd", compressed}, {"zstd-unhashed", unhashed}} {
 		b.Run(tc.name, func(b *testing.B) {
 			data := asReceived(tc.msg)
 			// One decode with the collector off: what it allocates.
@@ -114,10 +130,17 @@ func BenchmarkDecode10k(b *testing.B) {
 			b.ReportMetric(float64(len(tc.msg)), "wire-B")
 		})
 	}
-	// Inflating alone: what the zstd case adds.
+	// Inflating alone: what the zstd cases add.
 	b.Run("inflate", func(b *testing.B) {
 		for b.Loop() {
 			if _, err := Inflate(compressed, 64<<20); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("inflate-unhashed", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := Inflate(unhashed, 64<<20); err != nil {
 				b.Fatal(err)
 			}
 		}

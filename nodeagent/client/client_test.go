@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -525,6 +526,12 @@ func TestGarbageIsNackedAndRulesKept(t *testing.T) {
 	if n == nil || n.GetNonce() != "n7" || !strings.Contains(n.GetError(), "undecodable") {
 		t.Fatalf("answer %v, want a NACK of nonce n7 saying the response is undecodable", n)
 	}
+	// The agent half-closes after its NACK rather than cancelling the
+	// stream, which could drop the NACK in the transport.
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the NACK the stream gave %v, want io.EOF (a half-close)", err)
+	}
+	f.end(t)
 	if h := recv(t, accept(t, f)).GetHello(); h == nil || h.GetVersion() != heldTable().Version {
 		t.Fatalf("new stream's first message %v, want a hello with the held version", h)
 	}

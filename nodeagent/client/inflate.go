@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // A snapshot's entries may come compressed (Snapshot.zstd_entries, which
@@ -18,6 +19,15 @@ import (
 // place of its field, so the result is the plain SyncResponse the control
 // plane would have sent without compression: it is decoded, validated and
 // its hashes checked against its version exactly as one.
+//
+// Runs may also come without their entries' hashes
+// (Snapshot.zstd_entries_unhashed, asked for with
+// Capabilities.zstd_entries_unhashed): the hashes are most of what zstd
+// cannot shrink. Inflate then computes each entry's hash from its key and
+// encoded service (tablehash.EncodedEntry) and puts it in after the key,
+// so the result is again the plain response, whose version, the sum of
+// the hashes, checks the whole table: an entry changed on the way adds up
+// to another version and the snapshot is refused.
 //
 // A frame is data from the network: a rogue or broken replica could send
 // one that inflates to gigabytes. Nothing is inflated beyond the limit
@@ -30,6 +40,11 @@ import (
 var (
 	snapshotField    = (&pb.SyncResponse{}).ProtoReflect().Descriptor().Fields().ByName("snapshot").Number()
 	zstdEntriesField = (&pb.Snapshot{}).ProtoReflect().Descriptor().Fields().ByName("zstd_entries").Number()
+	unhashedField    = (&pb.Snapshot{}).ProtoReflect().Descriptor().Fields().ByName("zstd_entries_unhashed").Number()
+	entriesField     = (&pb.Snapshot{}).ProtoReflect().Descriptor().Fields().ByName("entries").Number()
+	entryKeyField    = (&pb.ServiceEntry{}).ProtoReflect().Descriptor().Fields().ByName("key").Number()
+	entryHashField   = (&pb.ServiceEntry{}).ProtoReflect().Descriptor().Fields().ByName("hash").Number()
+	entryServiceFld  = (&pb.ServiceEntry{}).ProtoReflect().Descriptor().Fields().ByName("service").Number()
 )
 
 // maxWindow bounds the history a frame may ask the decoder to keep. The
@@ -57,20 +72,29 @@ var decoder = sync.OnceValue(func() *zstd.Decoder {
 var errInflatedTooLarge = errors.New("compressed entries inflate beyond the response size limit")
 
 // Inflate returns the encoded SyncResponse msg with its snapshot's
-// compressed entries inflated in place, or msg itself when it holds none.
-// The result is at most limit bytes; an error means msg is refused.
+// compressed entries inflated in place, and the hashes of those that came
+// without put in, or msg itself when it holds none. The result is at most
+// limit bytes; an error means msg is refused.
 func Inflate(msg []byte, limit int) ([]byte, error) {
 	snap, ok := snapshotOf(msg)
-	if !ok || !hasField(snap, zstdEntriesField) {
+	if !ok || !hasField(snap, zstdEntriesField) && !hasField(snap, unhashedField) {
 		return msg, nil
 	}
 	// The inflated size: every field as it is, every frame as the
-	// content size it declares, within limit.
-	size, err := inflatedSize(msg, limit)
+	// content size it declares, within limit; entries that come without
+	// their hashes grow by one (9 bytes) each, which only their content
+	// says: room for one per 72 bytes is made at first, and the output
+	// grows if it needs more, never past limit.
+	size, unhashed, err := inflatedSize(msg, limit)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, 0, size)
+	// A snapshot's length is known once it is inflated: room is left for
+	// the longest one within limit, and what comes before the snapshot
+	// (its tag and the nonce, a few bytes) moved up over what its length
+	// did not take.
+	lenRoom := protowire.SizeVarint(uint64(limit))
+	out := make([]byte, 0, min(size+unhashed/8, limit)+lenRoom)
 	for b := msg; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		m := protowire.ConsumeFieldValue(num, typ, b[n:])
@@ -81,12 +105,20 @@ func Inflate(msg []byte, limit int) ([]byte, error) {
 			continue
 		}
 		v, _ := protowire.ConsumeBytes(field[n:])
-		inner, _ := snapshotSize(v, limit) // checked by inflatedSize
 		out = protowire.AppendTag(out, snapshotField, protowire.BytesType)
-		out = protowire.AppendVarint(out, uint64(inner))
-		if out, err = inflateInto(out, v); err != nil {
+		at := len(out)
+		out = append(out, make([]byte, lenRoom)...)
+		if out, err = inflateInto(out, v, limit+lenRoom); err != nil {
 			return nil, err
 		}
+		inner := uint64(len(out) - at - lenRoom)
+		gap := lenRoom - protowire.SizeVarint(inner)
+		protowire.AppendVarint(out[at+gap:at+gap], inner)
+		copy(out[gap:at+gap], out[:at])
+		out = out[gap:]
+	}
+	if len(out) > limit {
+		return nil, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
 	}
 	return out, nil
 }
@@ -136,10 +168,10 @@ func hasField(b []byte, num protowire.Number) bool {
 }
 
 // inflatedSize is the size of msg with every snapshot's frames inflated,
-// as the frames declare it; an error when a snapshot does not parse, a
-// frame declares no content size, or the total exceeds limit.
-func inflatedSize(msg []byte, limit int) (int, error) {
-	size := 0
+// as the frames declare it, and how much of it is entries that come
+// without their hashes; an error when a snapshot does not parse, a frame
+// declares no content size, or the total exceeds limit.
+func inflatedSize(msg []byte, limit int) (size, unhashed int, err error) {
 	for b := msg; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		m := protowire.ConsumeFieldValue(num, typ, b[n:])
@@ -150,79 +182,252 @@ func inflatedSize(msg []byte, limit int) (int, error) {
 			continue
 		}
 		v, _ := protowire.ConsumeBytes(field[n:])
-		inner, err := snapshotSize(v, limit)
+		inner, u, err := snapshotSize(v, limit)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		size += protowire.SizeTag(snapshotField) + protowire.SizeBytes(inner)
+		unhashed += u
 		if size > limit {
-			return 0, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
+			return 0, 0, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
 		}
 	}
-	return size, nil
+	return size, unhashed, nil
 }
 
-// snapshotSize is the size of an encoded Snapshot with its frames inflated.
-func snapshotSize(b []byte, limit int) (int, error) {
-	size := 0
+// snapshotSize is the size of an encoded Snapshot with its frames inflated
+// (without the hashes to put in), and how much of it is unhashed entries.
+func snapshotSize(b []byte, limit int) (size, unhashed int, err error) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return 0, fmt.Errorf("snapshot: %w", protowire.ParseError(n))
+			return 0, 0, fmt.Errorf("snapshot: %w", protowire.ParseError(n))
 		}
 		m := protowire.ConsumeFieldValue(num, typ, b[n:])
 		if m < 0 {
-			return 0, fmt.Errorf("snapshot: %w", protowire.ParseError(m))
+			return 0, 0, fmt.Errorf("snapshot: %w", protowire.ParseError(m))
 		}
-		if num == zstdEntriesField && typ == protowire.BytesType {
+		if (num == zstdEntriesField || num == unhashedField) && typ == protowire.BytesType {
 			frame, _ := protowire.ConsumeBytes(b[n:])
-			var h zstd.Header
-			if err := h.Decode(frame); err != nil {
-				return 0, fmt.Errorf("compressed entries: %w", err)
+			want, err := contentSize(frame, limit)
+			if err != nil {
+				return 0, 0, err
 			}
-			if !h.HasFCS || h.FrameContentSize > uint64(limit) {
-				return 0, fmt.Errorf("%w (%d bytes), or of unknown size", errInflatedTooLarge, limit)
+			size += want
+			if num == unhashedField {
+				unhashed += want
 			}
-			size += int(h.FrameContentSize)
 		} else {
 			size += n + m
 		}
 		if size > limit {
-			return 0, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
+			return 0, 0, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
 		}
 		b = b[n+m:]
 	}
-	return size, nil
+	return size, unhashed, nil
+}
+
+// contentSize is the content size frame declares, at most limit.
+func contentSize(frame []byte, limit int) (int, error) {
+	var h zstd.Header
+	if err := h.Decode(frame); err != nil {
+		return 0, fmt.Errorf("compressed entries: %w", err)
+	}
+	if !h.HasFCS || h.FrameContentSize > uint64(limit) {
+		return 0, fmt.Errorf("%w (%d bytes), or of unknown size", errInflatedTooLarge, limit)
+	}
+	return int(h.FrameContentSize), nil
 }
 
 // inflateInto appends the encoded Snapshot b to out with its frames
-// inflated in place. out has the capacity snapshotSize says b needs: the
-// decoder writes only into it.
-func inflateInto(out, b []byte) ([]byte, error) {
+// inflated in place, and hashes put in the entries of unhashed ones; an
+// error when out would grow past most. The frames' declared sizes were
+// checked by snapshotSize: the decoder writes only into what is allocated
+// for them.
+func inflateInto(out, b []byte, most int) ([]byte, error) {
+	// An unhashed frame's content, before its hashes: one buffer for
+	// the largest.
+	scratch := make([]byte, 0, largestUnhashed(b, most))
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		m := protowire.ConsumeFieldValue(num, typ, b[n:])
 		field := b[:n+m]
 		b = b[n+m:]
-		if num != zstdEntriesField || typ != protowire.BytesType {
+		if (num != zstdEntriesField && num != unhashedField) || typ != protowire.BytesType {
 			out = append(out, field...)
 			continue
 		}
 		frame, _ := protowire.ConsumeBytes(field[n:])
-		var h zstd.Header
-		_ = h.Decode(frame) // checked by snapshotSize
-		want := int(h.FrameContentSize)
-		// With the cap limit the decoder fails rather than grow the
-		// slice: a frame that holds more than it declares cannot take
-		// more memory than was allocated for what it declares.
-		got, err := decoder().DecodeAll(frame, out[len(out):len(out):len(out)+want])
+		want, _ := contentSize(frame, most) // checked by snapshotSize
+		if num == zstdEntriesField {
+			var err error
+			if out, err = reserve(out, want, most); err != nil {
+				return nil, err
+			}
+			if _, err := decodeFrame(frame, out[len(out):len(out):len(out)+want]); err != nil {
+				return nil, err
+			}
+			out = out[:len(out)+want]
+			continue
+		}
+		content, err := decodeFrame(frame, scratch[:0:want])
 		if err != nil {
-			return nil, fmt.Errorf("inflating compressed entries: %w", err)
+			return nil, err
 		}
-		if len(got) != want {
-			return nil, fmt.Errorf("compressed entries inflated to %d bytes, not the %d declared", len(got), want)
+		// What the entries take with their hashes is known now.
+		hashed, err := hashedSize(content)
+		if err != nil {
+			return nil, err
 		}
-		out = out[:len(out)+want]
+		if out, err = reserve(out, hashed, most); err != nil {
+			return nil, err
+		}
+		if out, err = appendHashed(out, content); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
+}
+
+// largestUnhashed is the largest content size an unhashed frame of the
+// encoded Snapshot b declares (checked by snapshotSize: at most limit).
+func largestUnhashed(b []byte, limit int) int {
+	largest := 0
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if num == unhashedField && typ == protowire.BytesType {
+			frame, _ := protowire.ConsumeBytes(b[n:])
+			want, _ := contentSize(frame, limit)
+			largest = max(largest, want)
+		}
+		b = b[n+m:]
+	}
+	return largest
+}
+
+// reserve returns out with room for n more bytes, grown (when the first
+// guess of the inflated size was short) to at most most bytes; an error
+// when n more would take it past most.
+func reserve(out []byte, n, most int) ([]byte, error) {
+	need := len(out) + n
+	if need > most {
+		return nil, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, most)
+	}
+	if need > cap(out) {
+		grown := make([]byte, len(out), min(max(need, 2*cap(out)), most))
+		copy(grown, out)
+		out = grown
+	}
+	return out, nil
+}
+
+// decodeFrame inflates frame into dst, whose capacity is the content size
+// the frame declares. With the cap limit the decoder fails rather than
+// grow the slice: a frame that holds more than it declares cannot take
+// more memory than was allocated for what it declares.
+func decodeFrame(frame, dst []byte) ([]byte, error) {
+	got, err := decoder().DecodeAll(frame, dst)
+	if err != nil {
+		return nil, fmt.Errorf("inflating compressed entries: %w", err)
+	}
+	if len(got) != cap(dst) {
+		return nil, fmt.Errorf("compressed entries inflated to %d bytes, not the %d declared", len(got), cap(dst))
+	}
+	return got, nil
+}
+
+// hashedSize is the size of the Snapshot.entries fields b, which come
+// without their hashes, with them; an error when b holds anything else.
+// appendHashed checks the entries themselves.
+func hashedSize(b []byte) (int, error) {
+	size := 0
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, fmt.Errorf("compressed entries: %w", protowire.ParseError(n))
+		}
+		if num != entriesField || typ != protowire.BytesType {
+			return 0, fmt.Errorf("compressed entries without hashes hold field %d, not only entries", num)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return 0, fmt.Errorf("compressed entries: %w", protowire.ParseError(m))
+		}
+		size += m + hashSize + protowire.SizeVarint(uint64(m+hashSize)) - protowire.SizeVarint(uint64(m))
+		size += n
+		b = b[n+m:]
+	}
+	return size, nil
+}
+
+// hashSize is what a hash takes in an encoded entry: its tag and 8 bytes.
+var hashSize = protowire.SizeTag(entryHashField) + protowire.SizeFixed64()
+
+// appendHashed appends the Snapshot.entries fields b, which come without
+// their hashes and which hashedSize found to be only entries, to out with
+// each entry's hash computed from its key and encoded service and put in
+// after its key, as the control plane encodes an entry; an error when an
+// entry carries a hash, names its key or service twice, or does not parse.
+func appendHashed(out, b []byte) ([]byte, error) {
+	for len(b) > 0 {
+		_, _, n := protowire.ConsumeTag(b)
+		e, m := protowire.ConsumeBytes(b[n:])
+		b = b[n+m:]
+		key, svc, at, err := entryParts(e)
+		if err != nil {
+			return nil, err
+		}
+		h, err := tablehash.EncodedEntry(key, svc)
+		if err != nil {
+			return nil, fmt.Errorf("compressed entries: %w", err)
+		}
+		out = protowire.AppendTag(out, entriesField, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(len(e)+hashSize))
+		out = append(out, e[:at]...)
+		out = protowire.AppendTag(out, entryHashField, protowire.Fixed64Type)
+		out = protowire.AppendFixed64(out, h)
+		out = append(out, e[at:]...)
+	}
+	return out, nil
+}
+
+// entryParts returns the key and encoded service of the encoded
+// ServiceEntry e, which must carry no hash, and where its hash goes: before
+// its first field numbered after the hash's, as in field order.
+func entryParts(e []byte) (key, svc []byte, at int, err error) {
+	at = -1
+	var seenKey, seenSvc bool
+	for off := 0; off < len(e); {
+		num, typ, n := protowire.ConsumeTag(e[off:])
+		if n < 0 {
+			return nil, nil, 0, fmt.Errorf("compressed entry: %w", protowire.ParseError(n))
+		}
+		m := protowire.ConsumeFieldValue(num, typ, e[off+n:])
+		if m < 0 {
+			return nil, nil, 0, fmt.Errorf("compressed entry: %w", protowire.ParseError(m))
+		}
+		if at < 0 && num > entryHashField {
+			at = off
+		}
+		switch {
+		case num == entryHashField:
+			return nil, nil, 0, errors.New("a compressed entry without hashes carries a hash")
+		case num == entryKeyField && typ == protowire.BytesType && !seenKey:
+			v, _ := protowire.ConsumeBytes(e[off+n:])
+			key, seenKey = v, true
+		case num == entryServiceFld && typ == protowire.BytesType && !seenSvc:
+			svc, _ = protowire.ConsumeBytes(e[off+n:])
+			seenSvc = true
+		case num == entryKeyField || num == entryServiceFld:
+			// Decoding would merge or replace what was hashed.
+			return nil, nil, 0, fmt.Errorf("compressed entry %q has its field %d twice, or of another type", key, num)
+		}
+		off += n + m
+	}
+	if at < 0 {
+		at = len(e)
+	}
+	return key, svc, at, nil
 }

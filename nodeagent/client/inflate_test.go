@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
@@ -95,6 +96,126 @@ func TestInflate(t *testing.T) {
 	}
 }
 
+// hashedEntry is testEntry with the hash its content gives.
+func hashedEntry(t testing.TB, name string) *pb.ServiceEntry {
+	t.Helper()
+	e := testEntry(name, 0)
+	h, err := tablehash.Entry(e.GetKey(), e.GetService())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Hash = h
+	return e
+}
+
+// unhashedEntries is entries as Snapshot.entries fields without their
+// hashes, what an unhashed frame holds.
+func unhashedEntries(t testing.TB, entries ...*pb.ServiceEntry) []byte {
+	t.Helper()
+	stripped := make([]*pb.ServiceEntry, len(entries))
+	for i, e := range entries {
+		stripped[i] = proto.CloneOf(e)
+		stripped[i].Hash = 0 // a zero fixed64 is not encoded
+	}
+	return encodedEntries(t, stripped...)
+}
+
+// unhashedResponse is compressedResponse with unhashed frames.
+func unhashedResponse(t testing.TB, nonce string, version uint64, frames ...[]byte) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&pb.SyncResponse{Nonce: nonce, Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{
+		Version: fmt.Sprintf("%016x", version), Node: testNode, ZstdEntriesUnhashed: frames, ResourceVersion: 9,
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestInflateUnhashed checks that runs without hashes inflate, beside
+// plain entries and hashed runs, to exactly the bytes of the plain
+// response, with every hash the one its entry's content gives.
+func TestInflateUnhashed(t *testing.T) {
+	a, b, c, d := hashedEntry(t, "a"), hashedEntry(t, "b"), hashedEntry(t, "c"), hashedEntry(t, "d")
+	// A long entry, so that the hash takes its length past one byte.
+	d.Service.ExternalIps = []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4", "192.0.2.5", "192.0.2.6", "192.0.2.7"}
+	h, err := tablehash.Entry(d.GetKey(), d.GetService())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Hash = h
+	if n := proto.Size(d); n < 128 || n-9 >= 128 {
+		t.Fatalf("entry d is %d bytes with its hash: want its length to need one more byte with it", n)
+	}
+	// The control plane writes entries, then the runs, in key order;
+	// proto.Marshal writes fields in number order: entries (3), hashed
+	// runs (5), unhashed runs (6), and resource_version (4) between
+	// them, where it would not be in the plain snapshot: left out.
+	msg, err := proto.Marshal(&pb.SyncResponse{Nonce: "n1", Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{
+		Version: "00000000000000ff", Node: testNode,
+		Entries:     []*pb.ServiceEntry{a},
+		ZstdEntries: [][]byte{compress(t, encodedEntries(t, b))},
+		// Two frames, the second larger: each gets the room it declares.
+		ZstdEntriesUnhashed: [][]byte{compress(t, unhashedEntries(t, c)), compress(t, unhashedEntries(t, d))},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Inflate(msg, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := proto.Marshal(&pb.SyncResponse{Nonce: "n1", Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{
+		Version: "00000000000000ff", Node: testNode, Entries: []*pb.ServiceEntry{a, b, c, d},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		var r pb.SyncResponse
+		_ = proto.Unmarshal(got, &r)
+		t.Fatalf("inflated to %d bytes (%v), want the plain response's %d", len(got), &r, len(want))
+	}
+}
+
+// TestInflateUnhashedRefusesOthers checks that an unhashed run holding
+// anything but entries without hashes is refused: an entry that carries
+// one, or names its key twice (decoding would keep the last, hashed would
+// be the first), or a field other than an entry.
+func TestInflateUnhashedRefusesOthers(t *testing.T) {
+	withHash := encodedEntries(t, hashedEntry(t, "a"))
+	twoKeys := unhashedEntries(t, testEntry("a", 0))
+	twoKeys = append(twoKeys[:len(twoKeys):len(twoKeys)], 0x1a, 3, 0x0a, 1, 'x') // one more entry: key "x"
+	// ...and a key inside one entry twice.
+	dupKey, err := proto.Marshal(&pb.ServiceEntry{Key: "default/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dupKey = append(dupKey, 0x0a, 1, 'x')
+	dupKeyField := append([]byte{0x1a, byte(len(dupKey))}, dupKey...)
+	notEntry := append(unhashedEntries(t, testEntry("a", 0)), 0x08, 1) // Snapshot field 1 as a varint
+	for _, tc := range []struct {
+		name    string
+		content []byte
+		wantErr string
+	}{
+		{"an entry with its hash", withHash, "carries a hash"},
+		{"a key twice", dupKeyField, "twice"},
+		{"a field other than entries", notEntry, "not only entries"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Inflate(unhashedResponse(t, "n1", 1, compress(t, tc.content)), 1<<20)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Inflate = %d bytes, %v; want an error saying %q", len(got), err, tc.wantErr)
+			}
+		})
+	}
+	// Not an error: several entries, the last one a bare key.
+	if _, err := Inflate(unhashedResponse(t, "n1", 1, compress(t, twoKeys)), 1<<20); err != nil {
+		t.Errorf("Inflate of two entries: %v", err)
+	}
+}
+
 // TestInflateRefusesBombs sends frames that inflate, or claim to, beyond
 // the limit: each is refused, and what Inflate allocates stays within the
 // limit whatever the frame holds.
@@ -132,18 +253,29 @@ func TestInflateRefusesBombs(t *testing.T) {
 	huge = append(huge, 0x09, 0, 0, 'x')
 	// Each within the limit, together beyond it.
 	third := compress(t, zeros[:limit/3+1])
+	// Within the limit, but empty entries (2 bytes each) that a hash
+	// each (9 bytes) takes past it.
+	empties := compress(t, bytes.Repeat([]byte{0x1a, 0}, limit/4))
 
 	for _, tc := range []struct {
-		name   string
-		frames [][]byte
+		name     string
+		frames   [][]byte
+		unhashed bool
 	}{
-		{"no content size", [][]byte{streamed.Bytes()}},
-		{"content size understated", [][]byte{lying}},
-		{"content size beyond the limit", [][]byte{huge}},
-		{"frames beyond the limit together", [][]byte{third, third, third}},
+		{"no content size", [][]byte{streamed.Bytes()}, false},
+		{"content size understated", [][]byte{lying}, false},
+		{"content size beyond the limit", [][]byte{huge}, false},
+		{"frames beyond the limit together", [][]byte{third, third, third}, false},
+		{"unhashed: no content size", [][]byte{streamed.Bytes()}, true},
+		{"unhashed: content size understated", [][]byte{lying}, true},
+		{"unhashed: content size beyond the limit", [][]byte{huge}, true},
+		{"unhashed: beyond the limit with their hashes", [][]byte{empties}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			msg := compressedResponse(t, "n1", 1, tc.frames...)
+			if tc.unhashed {
+				msg = unhashedResponse(t, "n1", 1, tc.frames...)
+			}
 			var before, after runtime.MemStats
 			runtime.ReadMemStats(&before)
 			got, err := Inflate(msg, limit)
@@ -186,8 +318,10 @@ func (a *tableApplier) Apply(_ context.Context, r *pb.SyncResponse) (string, err
 // TestCompressedSnapshotsInflatedAndChecked runs the client against a
 // control plane sending compressed snapshots: a good one is applied and
 // ACKed; one whose compressed entries do not add up to its version is
-// NACKed by the hash check, on what was inflated; a bomb is NACKed as
-// undecodable, nothing is applied, and the agent starts over.
+// NACKed by the hash check, on what was inflated; the same with runs
+// without hashes, whose hashes the agent computes, so that an entry
+// tampered with on the way adds up to another version; a bomb is NACKed
+// as undecodable, nothing is applied, and the agent starts over.
 func TestCompressedSnapshotsInflatedAndChecked(t *testing.T) {
 	// A bomb: 64 MiB of zeros behind a 4 MiB limit. Compressed before
 	// the agent connects, which would take it for silence.
@@ -200,7 +334,9 @@ func TestCompressedSnapshotsInflatedAndChecked(t *testing.T) {
 	t.Cleanup(func() { close(f.done); gs.Stop() })
 	dial := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return l.DialContext(ctx) })
 	a := &tableApplier{held: proxytable.Empty()}
-	startOpts(t, a, slog.New(slog.DiscardHandler), dial, func(o *Options) { o.Capabilities = &pb.Capabilities{Deltas: true, ZstdEntries: true} }, "cp")
+	startOpts(t, a, slog.New(slog.DiscardHandler), dial, func(o *Options) {
+		o.Capabilities = &pb.Capabilities{Deltas: true, ZstdEntries: true, ZstdEntriesUnhashed: true}
+	}, "cp")
 
 	s := accept(t, f)
 	if h := recv(t, s).GetHello(); !h.GetCapabilities().GetZstdEntries() {
@@ -228,6 +364,33 @@ func TestCompressedSnapshotsInflatedAndChecked(t *testing.T) {
 		t.Fatalf("answer %v, want a NACK of n2 saying the inflated entries add up to %016x", n, 351)
 	}
 
+	// Runs without hashes: the agent computes them from the entries, and
+	// the snapshot is applied when they add up to its version.
+	hx, hy := hashedEntry(t, "x"), hashedEntry(t, "y")
+	v := testNode.GetHash() + hx.GetHash() + hy.GetHash()
+	if err := s.SendMsg(rawBytes(unhashedResponse(t, "n4", v, compress(t, unhashedEntries(t, hx, hy))))); err != nil {
+		t.Fatal(err)
+	}
+	if ack := recv(t, s).GetAck(); ack.GetNonce() != "n4" || ack.GetVersion() != fmt.Sprintf("%016x", v) {
+		t.Fatalf("answer %v, want an ACK of n4 at version %016x", ack, v)
+	}
+	if got := a.Held().Entries["default/y"]; got.GetHash() != hy.GetHash() {
+		t.Fatalf("holds y with hash %016x, want %016x, its content's", got.GetHash(), hy.GetHash())
+	}
+	// Tampered on the way: y's cluster IP changed in the run. Its hash,
+	// computed from what arrived, no longer adds up to the version.
+	bad := proto.CloneOf(hy)
+	bad.Service.ClusterIps = []string{"10.96.0.66"}
+	if err := s.SendMsg(rawBytes(unhashedResponse(t, "n5", v, compress(t, unhashedEntries(t, hx, bad))))); err != nil {
+		t.Fatal(err)
+	}
+	if n := recv(t, s).GetNack(); n.GetNonce() != "n5" || !strings.Contains(n.GetError(), "entries add up to version") {
+		t.Fatalf("answer %v, want a NACK of n5 saying the entries do not add up to the version", n)
+	}
+	if got := a.Held().Entries["default/y"]; !proto.Equal(got, hy) {
+		t.Fatalf("holds y as %v after the tampered snapshot, want %v", got, hy)
+	}
+
 	// The bomb.
 	if err := s.SendMsg(rawBytes(compressedResponse(t, "n3", 1, bomb))); err != nil {
 		t.Fatal(err)
@@ -244,12 +407,12 @@ func TestCompressedSnapshotsInflatedAndChecked(t *testing.T) {
 	case <-time.After(waitFor):
 		t.Fatal("no answer to the bomb, and the stream goes on")
 	}
-	if h := recv(t, accept(t, f)).GetHello(); h.GetVersion() != fmt.Sprintf("%016x", 301) {
-		t.Fatalf("new stream's first message %v, want a hello holding the first table", h)
+	if h := recv(t, accept(t, f)).GetHello(); h.GetVersion() != fmt.Sprintf("%016x", v) {
+		t.Fatalf("new stream's first message %v, want a hello holding the last table applied", h)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.n != 1 {
-		t.Errorf("applied %d tables, want only the first", a.n)
+	if a.n != 2 {
+		t.Errorf("applied %d tables, want only the two good ones", a.n)
 	}
 }

@@ -7,10 +7,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -256,32 +259,105 @@ func (cp *controlPlane) current(ctx context.Context, versions map[string]string)
 
 // heapInuse scrapes go_memstats_heap_inuse_bytes from /metrics.
 func (cp *controlPlane) heapInuse(ctx context.Context) (uint64, error) {
+	g, err := cp.gauges(ctx, "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return 0, err
+	}
+	return uint64(g[0]), nil
+}
+
+// runtimeMem is what the Go runtime says the control plane's memory is
+// made of (its /metrics' go_memstats_*), and its goroutines.
+type runtimeMem struct {
+	// HeapInuse is live objects and fragmentation; HeapUnreleased the
+	// heap's idle spans not yet returned to the OS (they count in RSS).
+	HeapInuse, HeapUnreleased uint64
+	// Stacks is goroutine stacks; Runtime the runtime's own structures
+	// (spans, caches, GC metadata, profiling buckets, other).
+	Stacks, Runtime uint64
+	// Sys is everything the runtime obtained from the OS.
+	Sys        uint64
+	Goroutines int
+}
+
+// runtimeMem scrapes runtimeMem from /metrics.
+func (cp *controlPlane) runtimeMem(ctx context.Context) (runtimeMem, error) {
+	g, err := cp.gauges(ctx, "go_memstats_heap_inuse_bytes", "go_memstats_heap_idle_bytes", "go_memstats_heap_released_bytes",
+		"go_memstats_stack_inuse_bytes", "go_memstats_mspan_inuse_bytes", "go_memstats_mcache_inuse_bytes",
+		"go_memstats_gc_sys_bytes", "go_memstats_other_sys_bytes", "go_memstats_buck_hash_sys_bytes",
+		"go_memstats_sys_bytes", "go_goroutines")
+	if err != nil {
+		return runtimeMem{}, err
+	}
+	return runtimeMem{
+		HeapInuse: uint64(g[0]), HeapUnreleased: uint64(g[1] - g[2]), Stacks: uint64(g[3]),
+		Runtime: uint64(g[4] + g[5] + g[6] + g[7] + g[8]), Sys: uint64(g[9]), Goroutines: int(g[10]),
+	}, nil
+}
+
+// gauges scrapes the values of the unlabelled metrics names from
+// /metrics, in their order.
+func (cp *controlPlane) gauges(ctx context.Context, names ...string) ([]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.metricsURL+"/metrics", nil)
 	if err != nil {
-		return 0, fmt.Errorf("building request: %w", err)
+		return nil, fmt.Errorf("building request: %w", err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("scraping metrics: %w", err)
+		return nil, fmt.Errorf("scraping metrics: %w", err)
 	}
 	defer func() { _ = resp.Body.Close() }()
+	out := make([]float64, len(names))
+	found := 0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); ok {
+	for sc.Scan() && found < len(names) {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if i := slices.Index(names, name); ok && i >= 0 {
 			f, err := strconv.ParseFloat(v, 64)
 			if err != nil {
-				return 0, fmt.Errorf("parsing heap in use %q: %w", v, err)
+				return nil, fmt.Errorf("parsing %s %q: %w", name, v, err)
 			}
-			return uint64(f), nil
+			out[i] = f
+			found++
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("reading metrics: %w", err)
+		return nil, fmt.Errorf("reading metrics: %w", err)
 	}
-	return 0, errors.New("no go_memstats_heap_inuse_bytes in /metrics")
+	if found < len(names) {
+		return nil, fmt.Errorf("only %d of %v in /metrics", found, names)
+	}
+	return out, nil
+}
+
+// profile writes the control plane's pprof profile kind (its
+// /debug/pprof/<kind>, with query q) to path. The binary must run with
+// --profiling.
+func (cp *controlPlane) profile(ctx context.Context, kind, q, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cp.metricsURL+"/debug/pprof/"+kind+"?"+q, nil)
+	if err != nil {
+		return fmt.Errorf("building request: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("getting the %s profile: %w", kind, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("getting the %s profile: %s", kind, resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", path, err)
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
 }
 
 // freePorts returns n ports free on 127.0.0.1 now. Another process could

@@ -37,7 +37,11 @@ func TestFleetSmoke(t *testing.T) {
 			// Production's agents announce compressed snapshots; the
 			// insecure run keeps the plain ones of agents before them.
 			o.ZstdEntries = secure
+			if listed, err := listsFlag(context.Background(), cp, "--profiling"); err == nil && listed {
+				o.Profile = filepath.Join(o.Dir, "controlplane")
+			}
 			smoke(t, o)
+			checkProfiles(t, o)
 		})
 	}
 }
@@ -102,7 +106,25 @@ func smoke(t *testing.T, o *Options) {
 	if res.Peer == nil || res.Peer.Sets != o.PeerSets || len(res.Peer.Errors) != 0 {
 		t.Errorf("peer: %+v", res.Peer)
 	}
+	if rt := res.Steady.Mem.Runtime; rt == nil || rt.HeapInuse == 0 || rt.Stacks == 0 || rt.Goroutines < o.Nodes {
+		t.Errorf("the control plane's memory as its runtime accounts for it: %+v", rt)
+	}
 	checkFloor(t, res.Floor, o.Nodes, o.FloorRounds)
+}
+
+// checkProfiles checks that a run with --profile wrote the control
+// plane's profiles.
+func checkProfiles(t *testing.T, o *Options) {
+	t.Helper()
+	if o.Profile == "" {
+		t.Log("the control plane has no --profiling: no profiles taken")
+		return
+	}
+	for _, kind := range []string{"cpu", "heap", "goroutine", "restart.cpu"} {
+		if st, err := os.Stat(o.Profile + "." + kind); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", kind, err)
+		}
+	}
 }
 
 // TestFloorOnly runs the gRPC floor alone (--only-floor), which needs no

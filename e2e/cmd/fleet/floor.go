@@ -163,5 +163,11 @@ func floorRows(t *table, r *Results) {
 	}
 	if !r.OnlyFloor {
 		t.row("ratio", "CPU per change: control plane per agent reached / gRPC floor per client", "**"+ratio(cpPerAgentReached(r.Steady), perClient)+"**")
+		// Per response sent: once the cores saturate, changes coalesce and
+		// an agent reached by two changes gets one response, as a floor
+		// client gets one message per round.
+		perResp, netIdle := cpPerResponse(r.Steady, r.Idle)
+		t.row("ratio", "CPU per message: control plane per response sent / gRPC floor per message", fmt.Sprintf("%s / %s = **%s** (net of idle: %s, %s)",
+			us(perResp), us(perClient), ratio(perResp, perClient), us(netIdle), ratio(netIdle, perClient)))
 	}
 }

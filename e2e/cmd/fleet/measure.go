@@ -111,4 +111,7 @@ type memFigures struct {
 	// RSS at the end, peak RSS (VmHWM) during the phase, heap in use at
 	// the end and its sampled peak.
 	RSS, PeakRSS, Heap, PeakHeap uint64
+	// Runtime is the Go runtime's account at the end; nil if the scrape
+	// failed.
+	Runtime *runtimeMem `json:"runtime,omitempty"`
 }

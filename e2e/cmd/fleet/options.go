@@ -44,8 +44,9 @@ type Options struct {
 	Workers, Clients int
 	// Decoders bounds responses the agents decode at once.
 	Decoders int
-	// ZstdEntries makes the agents announce Capabilities.zstd_entries, as
-	// nodeagent does, and inflate the compressed snapshots they get.
+	// ZstdEntries makes the agents announce Capabilities.zstd_entries and
+	// zstd_entries_unhashed, as nodeagent does, and inflate the compressed
+	// snapshots they get (computing the hashes of unhashed runs).
 	ZstdEntries bool
 	// Replicas is the number of control plane processes; the agents
 	// split over them by rendezvous, and with more than one the replica
@@ -63,6 +64,12 @@ type Options struct {
 	Seed uint64
 	// JSON is where the raw figures go; empty means Dir/fleet.json.
 	JSON string
+	// Profile, when set, runs the control plane with --profiling and
+	// writes its CPU profile of the steady phase to Profile.cpu, its heap
+	// and goroutine profiles at the phase's end to Profile.heap and
+	// Profile.goroutine, and the restarted process's CPU profile from its
+	// readiness to Profile.restart.cpu.
+	Profile string
 }
 
 func newOptions() *Options {
@@ -121,13 +128,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Workers, "workers", o.Workers, "Parallel object creations.")
 	fs.IntVar(&o.Clients, "clients", o.Clients, "API server connections the workers share.")
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses the agents decode at once.")
-	fs.BoolVar(&o.ZstdEntries, "zstd-entries", o.ZstdEntries, "Agents announce compressed snapshots (Capabilities.zstd_entries), as nodeagent does (default: plain, as agents before it).")
+	fs.BoolVar(&o.ZstdEntries, "zstd-entries", o.ZstdEntries, "Agents announce compressed snapshots (Capabilities.zstd_entries and zstd_entries_unhashed), as nodeagent does (default: plain, as agents before it).")
 	fs.IntVar(&o.Replicas, "replicas", o.Replicas, "Control plane processes; the agents split over them by rendezvous, and with more than one, one is killed after the steady changes in place of the restart.")
 	fs.DurationVar(&o.PhaseTimeout, "phase-timeout", o.PhaseTimeout, "Bound on each phase's wait.")
 	fs.StringArrayVar(&o.ControlPlaneArgs, "controlplane-arg", o.ControlPlaneArgs, "Extra control plane flag, as --controlplane-arg=--log-level=warn (repeatable).")
 	fs.BoolVar(&o.Secure, "secure", o.Secure, "Run as production does: TLS from the control plane's bootstrapped CA and a bound ServiceAccount token per agent, reviewed by the control plane (default: --insecure).")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "Seed of the world and the changes.")
 	fs.StringVar(&o.JSON, "json", o.JSON, "Where to write the raw figures (default: <dir>/fleet.json).")
+	fs.StringVar(&o.Profile, "profile", o.Profile, "Run the control plane with --profiling and write its CPU profile of the steady phase (at most 25 s of it) to <this>.cpu, its heap and goroutine profiles at the phase's end to <this>.heap and <this>.goroutine, and the restarted control plane's CPU profile from its readiness to <this>.restart.cpu (go tool pprof reads them).")
 }
 
 // Validate reports every invalid option at once.

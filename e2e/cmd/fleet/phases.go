@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"path/filepath"
@@ -82,6 +83,48 @@ func (h *harness) idle(ctx context.Context) error {
 	return nil
 }
 
+// maxProfile bounds the CPU profile: the control plane's HTTP server
+// ends any answer after 30 s (httpWriteTimeout), and pprof refuses a
+// profile longer than that.
+const maxProfile = 25 * time.Second
+
+// profileSteady starts the steady phase's CPU profile (--profile) and
+// returns the function that waits for it, then takes the heap and
+// goroutine profiles. The CPU profile covers the changes, from their
+// start, at most maxProfile; it costs the control plane about 1% of a
+// core while it runs, counted in the phase.
+func (h *harness) profileSteady(ctx context.Context) func() error {
+	if h.o.Profile == "" {
+		return func() error { return nil }
+	}
+	secs := int(min(max(time.Duration(h.o.Changes)*h.o.Pace, time.Second), maxProfile) / time.Second)
+	done := make(chan error, 1)
+	go func() {
+		done <- h.cp.profile(ctx, "profile", fmt.Sprintf("seconds=%d", secs), h.o.Profile+".cpu")
+	}()
+	return func() error {
+		return errors.Join(<-done,
+			h.cp.profile(ctx, "heap", "", h.o.Profile+".heap"),
+			h.cp.profile(ctx, "goroutine", "", h.o.Profile+".goroutine"))
+	}
+}
+
+// profileRestart starts the restarted control plane's CPU profile from
+// its readiness (--profile), for about as long as admitting every agent
+// takes (the default 1,000 a second, plus a second), into
+// Profile.restart.cpu, and returns the function that waits for it.
+func (h *harness) profileRestart(ctx context.Context) func() error {
+	if h.o.Profile == "" {
+		return func() error { return nil }
+	}
+	secs := min(h.o.Nodes/1000+2, int(maxProfile/time.Second))
+	done := make(chan error, 1)
+	go func() {
+		done <- h.cp.profile(ctx, "profile", fmt.Sprintf("seconds=%d", secs), h.o.Profile+".restart.cpu")
+	}()
+	return func() error { return <-done }
+}
+
 // steady makes the changes and waits until every agent that must see
 // each has ACKed it.
 func (h *harness) steady(ctx context.Context) error {
@@ -97,6 +140,7 @@ func (h *harness) steady(ctx context.Context) error {
 		return err
 	}
 	heap := sampleHeap(ctx, h.cp)
+	prof := h.profileSteady(ctx)
 	cpu0 := h.m.cpu()
 	t0 := time.Now()
 	recs, err := h.ch.run(ctx, h.o.Changes, h.o.Pace)
@@ -121,6 +165,9 @@ func (h *harness) steady(ctx context.Context) error {
 	cpu := h.m.since(cpu0)
 	f := &h.res.Steady
 	f.Window = time.Since(t0)
+	if perr := prof(); perr != nil {
+		log.Printf("profiles: %v", perr)
+	}
 	if err == nil {
 		// After the CPU window: ListNodes costs the control plane too.
 		if f.Convergence, err = h.convergence(ctx, recs); err != nil {
@@ -212,6 +259,12 @@ func (h *harness) restart(ctx context.Context) error {
 	tReady := time.Now()
 	h.m.set(pControlPlane, h.cp.pid())
 	heap := sampleHeap(ctx, h.cp)
+	prof := h.profileRestart(ctx)
+	defer func() {
+		if perr := prof(); perr != nil {
+			log.Printf("restart profile: %v", perr)
+		}
+	}()
 	var lastCurrent time.Time
 	err = poll(ctx, "every agent current after the restart", pollInterval, h.o.PhaseTimeout, func(ctx context.Context) (bool, error) {
 		if rep, err = h.agentsReport(ctx, "versions=1"); err != nil {

@@ -76,6 +76,10 @@ func printTable(w io.Writer, r *Results) {
 	t.row("steady", "snapshots, deltas, NACKs, reconnects", fmt.Sprintf("%d, %d, %d, %d", st.Agents.Snapshots, st.Agents.Deltas, st.Agents.Nacks, st.Agents.Reconnects))
 	t.row("steady", "control plane RSS steady / peak", fmt.Sprintf("**%s** / %s", mib(st.Mem.RSS), mib(st.Mem.PeakRSS)))
 	t.row("steady", "control plane heap steady / peak (sampled)", fmt.Sprintf("%s / %s", mib(st.Mem.Heap), mib(st.Mem.PeakHeap)))
+	if rt := st.Mem.Runtime; rt != nil {
+		t.row("steady", "control plane memory (Go runtime): heap in use; heap idle, not released; stacks; runtime; all from the OS; goroutines",
+			fmt.Sprintf("%s; %s; %s; %s; %s; %s", mib(rt.HeapInuse), mib(rt.HeapUnreleased), mib(rt.Stacks), mib(rt.Runtime), mib(rt.Sys), thousands(rt.Goroutines)))
+	}
 	t.row("steady", "API server CPU per change (control plane its only watcher)", dur(perChange(st.CPU[pAPIServer])))
 	t.row("steady", cpuLabel+", per change", cpuOthers(perChangeAll(st.CPU, nc)))
 	reviewRow(t, "steady", st.Reviews)
@@ -180,6 +184,15 @@ func cpPerAgentReached(st steadyFigures) float64 {
 	}
 	cpCPU := st.CPU[pControlPlane] / time.Duration(nc)
 	return float64(cpCPU) / max(float64(reached)/float64(nc), 1)
+}
+
+// cpPerResponse is the steady phase's control plane CPU per response
+// (delta or snapshot) sent, in nanoseconds, and the same net of the
+// idle CPU (keepalives, resyncs) over the phase's window.
+func cpPerResponse(st steadyFigures, idle time.Duration) (float64, float64) {
+	n := float64(max(st.Agents.Deltas+st.Agents.Snapshots, 1))
+	cpu := float64(st.CPU[pControlPlane])
+	return cpu / n, (cpu - float64(idle)*st.Window.Seconds()) / n
 }
 
 const cpuLabel = "CPU: API server (+etcd) / agents' process / peer / harness"

@@ -7,6 +7,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -161,8 +162,12 @@ func (h *harness) setup(ctx context.Context) error {
 		}
 	}
 
+	extra := o.ControlPlaneArgs
+	if o.Profile != "" {
+		extra = append(slices.Clone(extra), "--profiling")
+	}
 	cpCfg := controlPlaneConfig{
-		Binary: o.ControlPlane, Kubeconfig: c.AdminKubeconfig(), Dir: o.Dir, Secure: o.Secure, Extra: o.ControlPlaneArgs,
+		Binary: o.ControlPlane, Kubeconfig: c.AdminKubeconfig(), Dir: o.Dir, Secure: o.Secure, Extra: extra,
 	}
 	if h.cp, err = newControlPlane(ctx, cpCfg); err != nil {
 		return err
@@ -227,8 +232,8 @@ func (h *harness) cpMem(ctx context.Context, peakHeap uint64) memFigures {
 	if m, err := procfs.Mem(h.cp.pid()); err == nil {
 		f.RSS, f.PeakRSS = m.RSS, m.HWM
 	}
-	if heap, err := h.cp.heapInuse(ctx); err == nil {
-		f.Heap = heap
+	if rt, err := h.cp.runtimeMem(ctx); err == nil {
+		f.Heap, f.Runtime = rt.HeapInuse, &rt
 	}
 	f.PeakHeap = max(peakHeap, f.Heap)
 	return f

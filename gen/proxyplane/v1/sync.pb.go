@@ -283,9 +283,14 @@ type Capabilities struct {
 	AgentVersion string `protobuf:"bytes,3,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// The agent decodes Snapshot.zstd_entries. Without it, snapshots carry
 	// only plain entries.
-	ZstdEntries   bool `protobuf:"varint,4,opt,name=zstd_entries,json=zstdEntries,proto3" json:"zstd_entries,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ZstdEntries bool `protobuf:"varint,4,opt,name=zstd_entries,json=zstdEntries,proto3" json:"zstd_entries,omitempty"`
+	// The agent decodes Snapshot.zstd_entries_unhashed, computing each
+	// entry's hash itself. A control plane that knows it sends those runs
+	// rather than zstd_entries; one that predates it ignores it, and sends
+	// zstd_entries to an agent that also announced zstd_entries.
+	ZstdEntriesUnhashed bool `protobuf:"varint,5,opt,name=zstd_entries_unhashed,json=zstdEntriesUnhashed,proto3" json:"zstd_entries_unhashed,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -342,6 +347,13 @@ func (x *Capabilities) GetAgentVersion() string {
 func (x *Capabilities) GetZstdEntries() bool {
 	if x != nil {
 		return x.ZstdEntries
+	}
+	return false
+}
+
+func (x *Capabilities) GetZstdEntriesUnhashed() bool {
+	if x != nil {
+		return x.ZstdEntriesUnhashed
 	}
 	return false
 }
@@ -714,9 +726,20 @@ type Snapshot struct {
 	// order, and the version is the sum of the hashes of what the frames
 	// hold, as for plain entries. The frames are compressed once per table
 	// shared by many nodes, so that every agent gets the same bytes.
-	ZstdEntries   [][]byte `protobuf:"bytes,5,rep,name=zstd_entries,json=zstdEntries,proto3" json:"zstd_entries,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ZstdEntries [][]byte `protobuf:"bytes,5,rep,name=zstd_entries,json=zstdEntries,proto3" json:"zstd_entries,omitempty"`
+	// Runs of entries compressed as zstd_entries, but with every entry's
+	// hash field left out; sent only to an agent that announced
+	// Capabilities.zstd_entries_unhashed. The hashes are 8 bytes of entropy
+	// an entry, much of what is left after compression, and the agent
+	// recomputes them anyway: it puts each frame's content where the frame
+	// is, with every entry's hash, computed from the entry's key and encoded
+	// service (package tablehash), inserted after its key, and decodes the
+	// result as a Snapshot. The version, the sum of the hashes, then checks
+	// the whole table. Each frame holds only Snapshot.entries fields, none
+	// of which carries a hash.
+	ZstdEntriesUnhashed [][]byte `protobuf:"bytes,6,rep,name=zstd_entries_unhashed,json=zstdEntriesUnhashed,proto3" json:"zstd_entries_unhashed,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -780,6 +803,13 @@ func (x *Snapshot) GetResourceVersion() uint64 {
 func (x *Snapshot) GetZstdEntries() [][]byte {
 	if x != nil {
 		return x.ZstdEntries
+	}
+	return nil
+}
+
+func (x *Snapshot) GetZstdEntriesUnhashed() [][]byte {
+	if x != nil {
+		return x.ZstdEntriesUnhashed
 	}
 	return nil
 }
@@ -1927,12 +1957,13 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\x0enode_addresses\x18\a \x03(\tR\rnodeAddresses\x1a>\n" +
 	"\x10EntryHashesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x06R\x05value:\x028\x01\"\x8c\x01\n" +
+	"\x05value\x18\x02 \x01(\x06R\x05value:\x028\x01\"\xc0\x01\n" +
 	"\fCapabilities\x12\x16\n" +
 	"\x06deltas\x18\x01 \x01(\bR\x06deltas\x12\x1c\n" +
 	"\tdataplane\x18\x02 \x01(\tR\tdataplane\x12#\n" +
 	"\ragent_version\x18\x03 \x01(\tR\fagentVersion\x12!\n" +
-	"\fzstd_entries\x18\x04 \x01(\bR\vzstdEntries\"5\n" +
+	"\fzstd_entries\x18\x04 \x01(\bR\vzstdEntries\x122\n" +
+	"\x15zstd_entries_unhashed\x18\x05 \x01(\bR\x13zstdEntriesUnhashed\"5\n" +
 	"\x03Ack\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
 	"\x05nonce\x18\x02 \x01(\tR\x05nonce\"\x8a\x01\n" +
@@ -1952,13 +1983,14 @@ const file_proxyplane_v1_sync_proto_rawDesc = "" +
 	"\bsnapshot\x18\x02 \x01(\v2\x17.proxyplane.v1.SnapshotH\x00R\bsnapshot\x12,\n" +
 	"\x05delta\x18\x03 \x01(\v2\x14.proxyplane.v1.DeltaH\x00R\x05delta\x128\n" +
 	"\tkeepalive\x18\x04 \x01(\v2\x18.proxyplane.v1.KeepaliveH\x00R\tkeepaliveB\x06\n" +
-	"\x04kind\"\xd6\x01\n" +
+	"\x04kind\"\x8a\x02\n" +
 	"\bSnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12+\n" +
 	"\x04node\x18\x02 \x01(\v2\x17.proxyplane.v1.NodeInfoR\x04node\x125\n" +
 	"\aentries\x18\x03 \x03(\v2\x1b.proxyplane.v1.ServiceEntryR\aentries\x12)\n" +
 	"\x10resource_version\x18\x04 \x01(\x04R\x0fresourceVersion\x12!\n" +
-	"\fzstd_entries\x18\x05 \x03(\fR\vzstdEntries\"\xef\x01\n" +
+	"\fzstd_entries\x18\x05 \x03(\fR\vzstdEntries\x122\n" +
+	"\x15zstd_entries_unhashed\x18\x06 \x03(\fR\x13zstdEntriesUnhashed\"\xef\x01\n" +
 	"\x05Delta\x12!\n" +
 	"\fbase_version\x18\x01 \x01(\tR\vbaseVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12+\n" +

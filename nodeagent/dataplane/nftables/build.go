@@ -3,6 +3,7 @@ package nftables
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
@@ -25,6 +26,8 @@ type params struct {
 	// the table's NodeInfo.
 	serviceCIDRs []netip.Prefix
 	randomFully  bool
+	// endpointMapMin is Config.EndpointMapMin, defaulted.
+	endpointMapMin int
 }
 
 func newParams(c *Config, node *pb.NodeInfo) params {
@@ -39,6 +42,10 @@ func newParams(c *Config, node *pb.NodeInfo) params {
 		serviceCIDRs:  s.Family.Prefixes(node.GetServiceCidrs()),
 	}
 	p.nodePortAll, p.nodePortCIDRs = s.NodePorts(p.nodeIPs)
+	p.endpointMapMin = c.EndpointMapMin
+	if p.endpointMapMin == 0 {
+		p.endpointMapMin = DefaultEndpointMapMin
+	}
 	return p
 }
 
@@ -72,6 +79,7 @@ func skeleton(p *params) ([]*chain, []*set) {
 		{name: mapNoEndpointNodePorts, key: keyProtoPort, vmap: true},
 		{name: mapFirewallIPs, key: keyAddrProtoPort, vmap: true},
 		{name: setClusterIPs, key: keyAddr},
+		{name: setHairpin, key: keyHairpin},
 	}
 	base := func(name, typ, hook string, prio int, rules ...rule) *chain {
 		return &chain{name: name, hook: &baseHook{typ: typ, hook: hook, priority: prio}, rules: rules}
@@ -124,6 +132,14 @@ func skeleton(p *params) ([]*chain, []*set) {
 		base(chainNATPostrouting, "nat", "postrouting", prioSNAT, newRule(jump(chainMasquerading))),
 		{name: chainServices, rules: services},
 		{name: chainMasquerading, rules: []rule{
+			// Hairpin: a pod reaching itself through a Service must be
+			// masqueraded, or it would answer itself directly. One set
+			// of endpoints, as upstream's, rather than a rule per
+			// endpoint: an endpoint is then an element, not a chain.
+			// Upstream lists only the node's own endpoints; this lists
+			// every endpoint, so that the packets masqueraded are those
+			// the iptables mode masquerades.
+			newRule(hairpinMatch{set: setHairpin}, markSet{mark: p.mark}),
 			newRule(markClear{p.mark}, verdictOf(verdictReturn)),
 			// Clear the mark so that a packet that traverses the stack
 			// again (a tunnel, a bridge) is not masqueraded twice.
@@ -159,12 +175,21 @@ func clusterIPsCheck(p *params) []rule {
 	return rules
 }
 
-// fragment is what one Service contributes: its own chains and affinity
-// sets, and its elements in the shared maps and sets.
+// fragment is what one Service contributes: its own chains, endpoint
+// maps and affinity sets, and its elements in the shared maps and sets.
 type fragment struct {
 	chains []*chain
 	sets   []*set
-	elems  []elemRef
+	// setElems holds the elements of the Service's own sets, by name:
+	// an endpoint map's element i at index i.
+	setElems map[string][]element
+	elems    []elemRef
+	// hairpin holds the Service's keys in the hairpin set, each once.
+	// Not in elems: the set holds one element per endpoint, and the
+	// state counts the Services wanting each (state.hairpin) rather
+	// than holding a claim apiece, which was a third of the agent's
+	// memory at 250,000 endpoints.
+	hairpin []elemKey
 }
 
 // elemRef is an element of a shared map or set.
@@ -183,23 +208,43 @@ func (r elemRef) id() elemID { return elemID{set: r.set, key: r.key} }
 
 // buildService returns plan's fragment.
 func buildService(p *params, plan *svcPlan) *fragment {
-	fr := &fragment{}
-	seen := map[elemID]bool{}
+	// At most this many elements (see buildPort): allocated once, as
+	// fragments are held as long as their Services.
+	n, eps := 1, 0
+	for i := range plan.ports {
+		n += 4 + 2*len(plan.ExternalIPs) + 3*len(plan.LoadBalancerIPs)
+		eps += len(plan.ports[i].allEps)
+	}
+	fr := &fragment{elems: make([]elemRef, 0, n), hairpin: make([]elemKey, 0, eps)}
+	seen := make(map[elemID]struct{}, n+eps)
 	add := func(set string, key elemKey, v verdict) {
 		r := elemRef{set: set, element: element{key: key, verdict: v}}
-		if !seen[r.id()] {
-			seen[r.id()] = true
+		if _, dup := seen[r.id()]; !dup {
+			seen[r.id()] = struct{}{}
 			fr.elems = append(fr.elems, r)
+		}
+	}
+	addHairpin := func(k elemKey) {
+		id := elemID{set: setHairpin, key: k}
+		if _, dup := seen[id]; !dup {
+			seen[id] = struct{}{}
+			fr.hairpin = append(fr.hairpin, k)
 		}
 	}
 	add(setClusterIPs, elemKey{addr: plan.ClusterIP}, verdict{})
 	for i := range plan.ports {
-		buildPort(p, plan, &plan.ports[i], fr, add)
+		buildPort(p, plan, &plan.ports[i], fr, add, addHairpin)
+	}
+	if cap(fr.elems) > len(fr.elems)+len(fr.elems)/4 {
+		fr.elems = slices.Clone(fr.elems)
+	}
+	if cap(fr.hairpin) > len(fr.hairpin)+len(fr.hairpin)/4 {
+		fr.hairpin = slices.Clone(fr.hairpin)
 	}
 	return fr
 }
 
-func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(string, elemKey, verdict)) {
+func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(string, elemKey, verdict), addHairpin func(elemKey)) {
 	key := func(a netip.Addr) elemKey { return elemKey{addr: a, proto: pp.proto, port: pp.port} }
 
 	var internalFilter, externalFilter verdict
@@ -324,7 +369,7 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 		if pp.internalChain == pp.svcChain {
 			c.rules = append(c.rules, internalMasq...)
 		}
-		c.rules = endpointRules(plan, c.rules, pp.clusterEps)
+		c.rules = endpointRules(p, plan, pp, c.rules, pp.clusterEps, pp.svcMap, fr)
 		fr.chains = append(fr.chains, c)
 	}
 	if len(pp.localEps) > 0 {
@@ -332,36 +377,62 @@ func buildPort(p *params, plan *svcPlan, pp *portPlan, fr *fragment, add func(st
 		if pp.internalChain == pp.svlChain {
 			c.rules = append(c.rules, internalMasq...)
 		}
-		c.rules = endpointRules(plan, c.rules, pp.localEps)
+		c.rules = endpointRules(p, plan, pp, c.rules, pp.localEps, pp.svlMap, fr)
 		fr.chains = append(fr.chains, c)
 	}
 
 	for _, ep := range pp.allEps {
-		c := &chain{name: ep.chain}
-		// Hairpin: a pod reaching itself through the service must be
-		// masqueraded, or it would answer itself directly.
-		c.rules = append(c.rules, newRule(addrMatch{src: true, p: netip.PrefixFrom(ep.addr, ep.addr.BitLen())}, jump(chainMarkMasq)))
-		if ep.affinitySet != "" {
-			c.rules = append(c.rules, newRule(setUpdate{set: ep.affinitySet}))
-			fr.sets = append(fr.sets, &set{name: ep.affinitySet, key: keyAddr, timeout: time.Duration(plan.AffinityTimeout) * time.Second})
+		// Hairpin (see the masquerading chain): the endpoint reaching
+		// itself, after DNAT to its address and port.
+		addHairpin(elemKey{addr: ep.addr, proto: pp.proto, port: ep.port})
+		if ep.affinitySet == "" {
+			continue
 		}
-		c.rules = append(c.rules, newRule(protoMatch{pp.proto}, dnatTo{addr: ep.addr, port: ep.port}))
-		fr.chains = append(fr.chains, c)
+		// With affinity, each endpoint has a chain that records the
+		// client in the endpoint's set, then DNATs.
+		fr.sets = append(fr.sets, &set{name: ep.affinitySet, key: keyAddr, timeout: time.Duration(plan.AffinityTimeout) * time.Second})
+		fr.chains = append(fr.chains, &chain{name: ep.chain, rules: []rule{
+			newRule(setUpdate{set: ep.affinitySet}),
+			newRule(protoMatch{pp.proto}, dnatTo{addr: ep.addr, port: ep.port}),
+		}})
 	}
 }
 
-// endpointRules appends the rules of a service or local chain: affinity
-// first (a client seen recently goes back to its endpoint), then the
-// random choice as a cascade: rule i of n matches with probability
+// endpointRules appends the rules of a service or local chain. The
+// random choice is a cascade: rule i of n matches with probability
 // 1/(n-i), which gives each endpoint 1/n overall, and the last is
-// unconditional.
-func endpointRules(plan *svcPlan, rules []rule, eps []epPlan) []rule {
-	if plan.AffinityTimeout > 0 {
-		for _, ep := range eps {
-			rules = append(rules, newRule(setMatch{src: true, set: ep.affinitySet}, goTo(ep.chain)))
-		}
-	}
+// unconditional. Without affinity each rule DNATs; from
+// p.endpointMapMin endpoints, one rule picks from the chain's endpoint
+// map instead, and the map (named mapName) goes into fr. With affinity,
+// as upstream, the endpoints have chains: affinity first (a client seen
+// recently goes back to its endpoint), then the cascade to the chains.
+func endpointRules(p *params, plan *svcPlan, pp *portPlan, rules []rule, eps []epPlan, mapName string, fr *fragment) []rule {
 	n := len(eps)
+	if plan.AffinityTimeout == 0 && n < p.endpointMapMin {
+		for i, ep := range eps {
+			dnat := []rexpr{protoMatch{pp.proto}, dnatTo{addr: ep.addr, port: ep.port}}
+			if i < n-1 {
+				dnat = append([]rexpr{numgenZero{mod: uint32(n - i)}}, dnat...)
+			}
+			rules = append(rules, newRule(dnat...))
+		}
+		return rules
+	}
+	if plan.AffinityTimeout == 0 {
+		els := make([]element, n)
+		for i, ep := range eps {
+			els[i] = element{key: elemKey{index: uint32(i)}, endpoint: netip.AddrPortFrom(ep.addr, ep.port)}
+		}
+		fr.sets = append(fr.sets, &set{name: mapName, key: keyIndex, endpoints: true})
+		if fr.setElems == nil {
+			fr.setElems = map[string][]element{}
+		}
+		fr.setElems[mapName] = els
+		return append(rules, newRule(protoMatch{pp.proto}, dnatMap{set: mapName, mod: uint32(n)}))
+	}
+	for _, ep := range eps {
+		rules = append(rules, newRule(setMatch{src: true, set: ep.affinitySet}, goTo(ep.chain)))
+	}
 	for i, ep := range eps {
 		if i < n-1 {
 			rules = append(rules, newRule(numgenZero{mod: uint32(n - i)}, goTo(ep.chain)))

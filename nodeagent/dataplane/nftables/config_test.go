@@ -32,6 +32,8 @@ func TestConfigValidate(t *testing.T) {
 		{name: "localhostNodePorts alone", cfg: func(c *Config) { c.LocalhostNodePorts = true }},
 		{name: "all NodePorts", cfg: func(c *Config) { c.NodePortAddresses = []string{"0.0.0.0/0", "::/0"} }},
 		{name: "node IP", cfg: func(c *Config) { c.NodeIPs = []string{"node"} }, want: "nodeIPs"},
+		{name: "endpoint maps for every port", cfg: func(c *Config) { c.EndpointMapMin = 1 }},
+		{name: "endpoint map minimum", cfg: func(c *Config) { c.EndpointMapMin = -1 }, want: "EndpointMapMin"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := DefaultConfig(dataplane.IPv4)

@@ -14,7 +14,7 @@ import (
 // serviceObjectName matches the names hashName makes, to mask: the
 // hashed part and the readable rest, up to the first character nft would
 // not take in an identifier.
-var serviceObjectName = regexp.MustCompile(`\b(service|local|external|firewall|endpoint|affinity)-[A-Z2-7]{8}-[A-Za-z0-9_./-]*`)
+var serviceObjectName = regexp.MustCompile(`\b(service|local|external|firewall|endpoint|endpoints|affinity)-[A-Z2-7]{8}-[A-Za-z0-9_./-]*`)
 
 // nftIdentifier is what every object name must be.
 var nftIdentifier = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_./-]{0,254}$`)

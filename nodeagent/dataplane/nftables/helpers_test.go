@@ -97,7 +97,7 @@ type fakeChain struct {
 
 type fakeSet struct {
 	def   *set
-	elems map[elemKey]verdict
+	elems map[elemKey]element
 }
 
 func newFakeKernel(f dataplane.Family) *fakeKernel { return &fakeKernel{family: f} }
@@ -126,7 +126,7 @@ func (k *fakeKernel) List(ctx context.Context) (*inventory, error) {
 		inv.chains[n] = c.hook != nil
 	}
 	for n, s := range k.table.sets {
-		inv.sets[n] = s.def.vmap
+		inv.sets[n] = s.def.isMap()
 	}
 	return inv, nil
 }
@@ -202,7 +202,7 @@ func (t *fakeTable) refs(name string) int {
 	}
 	for _, s := range t.sets {
 		for _, v := range s.elems {
-			if v.chain == name {
+			if v.verdict.chain == name {
 				n++
 			}
 		}
@@ -220,6 +220,10 @@ func refersTo(e rexpr) string {
 	case setUpdate:
 		return e.set
 	case vmapLookup:
+		return e.set
+	case dnatMap:
+		return e.set
+	case hairpinMatch:
 		return e.set
 	}
 	return ""
@@ -295,12 +299,18 @@ func (k *fakeKernel) applyOp(t *fakeTable, o *op) (*fakeTable, syscall.Errno) {
 				if target.hook != nil {
 					return t, syscall.EOPNOTSUPP
 				}
-			case setMatch, setUpdate, vmapLookup:
+			case setMatch, setUpdate, vmapLookup, dnatMap, hairpinMatch:
 				s, ok := t.sets[refersTo(e)]
 				if !ok {
 					return t, syscall.ENOENT
 				}
 				if _, isMap := e.(vmapLookup); isMap != s.def.vmap {
+					return t, syscall.EINVAL
+				}
+				if _, isDNAT := e.(dnatMap); isDNAT != s.def.endpoints {
+					return t, syscall.EINVAL
+				}
+				if _, isHairpin := e.(hairpinMatch); isHairpin != (s.def.key == keyHairpin) {
 					return t, syscall.EINVAL
 				}
 				if _, isUpdate := e.(setUpdate); isUpdate && s.def.timeout == 0 {
@@ -316,13 +326,13 @@ func (k *fakeKernel) applyOp(t *fakeTable, o *op) (*fakeTable, syscall.Errno) {
 			}
 			return t, 0
 		}
-		t.sets[o.set.name] = &fakeSet{def: o.set, elems: map[elemKey]verdict{}}
+		t.sets[o.set.name] = &fakeSet{def: o.set, elems: map[elemKey]element{}}
 	case opFlushSet:
 		s, ok := t.sets[o.name]
 		if !ok {
 			return t, syscall.ENOENT
 		}
-		s.elems = map[elemKey]verdict{}
+		s.elems = map[elemKey]element{}
 	case opDeleteSet:
 		if _, ok := t.sets[o.name]; !ok {
 			return t, syscall.ENOENT
@@ -346,10 +356,10 @@ func (k *fakeKernel) applyOp(t *fakeTable, o *op) (*fakeTable, syscall.Errno) {
 					return t, syscall.EOPNOTSUPP
 				}
 			}
-			if v, ok := s.elems[e.key]; ok && v != e.verdict {
+			if v, ok := s.elems[e.key]; ok && v != e {
 				return t, syscall.EEXIST
 			}
-			s.elems[e.key] = e.verdict
+			s.elems[e.key] = e
 		}
 	case opDeleteElements:
 		s, ok := t.sets[o.set.name]
@@ -398,7 +408,7 @@ func (t *fakeTable) walk(c *fakeChain, h *baseHook, path map[*fakeChain]bool) sy
 	for _, r := range c.rules {
 		for _, e := range r.exprs {
 			switch e := e.(type) {
-			case dnatTo:
+			case dnatTo, dnatMap:
 				if h.typ != "nat" || (h.hook != "prerouting" && h.hook != "output") {
 					return syscall.EOPNOTSUPP
 				}
@@ -416,7 +426,7 @@ func (t *fakeTable) walk(c *fakeChain, h *baseHook, path map[*fakeChain]bool) sy
 				}
 			case vmapLookup:
 				for _, v := range t.sets[e.set].elems {
-					if errno := visit(v.chain); errno != 0 {
+					if errno := visit(v.verdict.chain); errno != 0 {
 						return errno
 					}
 				}
@@ -437,8 +447,8 @@ func (k *fakeKernel) dump() string {
 		s := k.table.sets[n]
 		fmt.Fprintf(&b, "set %s { %s }\n", n, strings.Join(s.def.declaration(k.family), "; "))
 		var els []string
-		for key, v := range s.elems {
-			els = append(els, s.def.elemText(element{key: key, verdict: v}))
+		for _, v := range s.elems {
+			els = append(els, s.def.elemText(v))
 		}
 		slices.Sort(els)
 		for _, e := range els {
@@ -698,7 +708,24 @@ func (tr *tracer) expr(e rexpr, s pktState, depth int) []branch {
 		if !ok {
 			return test(false)
 		}
-		return tr.verdict(v, s, depth)
+		return tr.verdict(v.verdict, s, depth)
+	case hairpinMatch:
+		_, in := tr.table.sets[e.set].elems[elemKey{addr: s.src, proto: s.proto, port: s.dport}]
+		return test(s.dnat != "" && s.src == s.dst && in)
+	case dnatMap:
+		// Every index numgen can draw; one the map lacks ends the rule.
+		var out []branch
+		for i := range e.mod {
+			v, ok := tr.table.sets[e.set].elems[elemKey{index: i}]
+			if !ok {
+				out = append(out, branch{s, noMatch})
+				continue
+			}
+			d := s
+			d.dst, d.dport, d.dnat, d.verdict = v.endpoint.Addr(), v.endpoint.Port(), v.endpoint.String(), "ACCEPT"
+			out = append(out, branch{d, terminal})
+		}
+		return out
 	case dnatTo:
 		s.dst, s.dport, s.dnat, s.verdict = e.addr, e.port, netip.AddrPortFrom(e.addr, e.port).String(), "ACCEPT"
 		return []branch{{s, terminal}}

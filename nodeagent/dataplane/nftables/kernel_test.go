@@ -3,6 +3,7 @@ package nftables
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -64,33 +65,37 @@ func TestKernelNetlinkMatchesNFT(t *testing.T) {
 	tp := nstest.New(t, nstest.Options{Nodes: 2, Pods: 1})
 	viaNetlink, viaText := tp.Node(0).NS(), tp.Node(1).NS()
 	for _, f := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
-		t.Run(f.String(), func(t *testing.T) {
-			for _, c := range dptest.Cases {
-				cfg := caseConfig(c)
-				if c.Family != f {
-					continue
+		// Cascades (the default at these sizes) and endpoint maps.
+		for _, mapMin := range []int{0, 1} {
+			t.Run(fmt.Sprintf("%s/endpoint-map-min-%d", f, mapMin), func(t *testing.T) {
+				for _, c := range dptest.Cases {
+					cfg := caseConfig(c)
+					cfg.EndpointMapMin = mapMin
+					if c.Family != f {
+						continue
+					}
+					t.Run(c.Name, func(t *testing.T) {
+						cfg.NetNS = nsPath(viaNetlink)
+						d, err := New(cfg, nil)
+						if err != nil {
+							t.Fatal(err)
+						}
+						tbl := dptest.Table(t, dptest.Node(), c.Services()...)
+						if err := d.Sync(context.Background(), tbl, nil, true); err != nil {
+							t.Fatalf("Sync: %v", err)
+						}
+						if _, err := tp.Exec(viaText, "nft", "delete", "table", nftFamily(f), TableName); err != nil {
+							t.Logf("no table to delete yet: %v", err)
+						}
+						nftLoad(t, tp, viaText, rulesetText(fullState(tbl, cfg), f))
+						got, want := listTable(t, tp, viaNetlink, f), listTable(t, tp, viaText, f)
+						if normalizeListing(got) != normalizeListing(want) {
+							t.Errorf("netlink and nft -f programmed different rules:\n%s", dptest.LineDiff(normalizeListing(want), normalizeListing(got)))
+						}
+					})
 				}
-				t.Run(c.Name, func(t *testing.T) {
-					cfg.NetNS = nsPath(viaNetlink)
-					d, err := New(cfg, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					tbl := dptest.Table(t, dptest.Node(), c.Services()...)
-					if err := d.Sync(context.Background(), tbl, nil, true); err != nil {
-						t.Fatalf("Sync: %v", err)
-					}
-					if _, err := tp.Exec(viaText, "nft", "delete", "table", nftFamily(f), TableName); err != nil {
-						t.Logf("no table to delete yet: %v", err)
-					}
-					nftLoad(t, tp, viaText, rulesetText(fullState(tbl, cfg), f))
-					got, want := listTable(t, tp, viaNetlink, f), listTable(t, tp, viaText, f)
-					if normalizeListing(got) != normalizeListing(want) {
-						t.Errorf("netlink and nft -f programmed different rules:\n%s", dptest.LineDiff(normalizeListing(want), normalizeListing(got)))
-					}
-				})
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -101,6 +106,9 @@ func kernelConfig(tp *nstest.Topology, family dataplane.Family) Config {
 	c.ClusterCIDRs = []string{"10.244.0.0/16", "fd00:244::/32"}
 	c.NodeIPs = []string{tp.NodeIP().String(), tp.NodeIPv6().String()}
 	c.NetNS = nsPath(tp.NodeNS())
+	// Endpoint maps for every service port, so that real traffic goes
+	// through them (internal/flowsuite runs the default: cascades).
+	c.EndpointMapMin = 1
 	return c
 }
 
@@ -207,8 +215,11 @@ func TestKernel(t *testing.T) {
 				t.Errorf("full sync left %q:\n%s", gone, out)
 			}
 		}
-		if n := strings.Count(out, "\tchain "); n != 16+2+2+1+1 {
-			t.Errorf("%d chains after the full sync, want 16 shared + web (2 service, 2 endpoint) + added (1 + 1):\n%s", n, out)
+		if n := strings.Count(out, "\tchain "); n != 16+2+1 {
+			t.Errorf("%d chains after the full sync, want 16 shared + web (2 service) + added (1):\n%s", n, out)
+		}
+		if n := strings.Count(out, "\tmap endpoints-"); n != 2+1 {
+			t.Errorf("%d endpoint maps after the full sync, want web (2) + added (1):\n%s", n, out)
 		}
 	})
 
@@ -297,19 +308,19 @@ func TestKernelLargeTable(t *testing.T) {
 	if got := strings.Count(string(out), ": goto service-"); got != n {
 		t.Fatalf("service-ips holds %d elements, want %d", got, n)
 	}
-	out, err = tp.Exec(tp.NodeNS(), "nft", "list", "chains", "ip")
+	out, err = tp.Exec(tp.NodeNS(), "nft", "list", "maps", "ip")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Count(string(out), "chain endpoint-"); got != 3*n {
-		t.Fatalf("%d endpoint chains, want %d", got, 3*n)
+	if got := strings.Count(string(out), "map endpoints-"); got != n {
+		t.Fatalf("%d endpoint maps, want %d", got, n)
 	}
 	s := proto.CloneOf(services[7])
 	s.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", "10.64.0.1:8080")}
 	services[7] = s
 	k.Sync(false, services...)
-	out, err = tp.Exec(tp.NodeNS(), "nft", "list", "chain", "ip", TableName, prefixClusterPolicyChain+portNameBase("ns/svc-7", "tcp", "http"))
-	if err != nil || !strings.Contains(string(out), "10.64.0.1/8080") {
+	out, err = tp.Exec(tp.NodeNS(), "nft", "list", "map", "ip", TableName, prefixEndpointsMap+portNameBase("ns/svc-7", "tcp", "http"))
+	if err != nil || !strings.Contains(string(out), "0 : 10.64.0.1 . 8080") {
 		t.Fatalf("partial sync in a large table: %s %v", out, err)
 	}
 }

@@ -33,12 +33,15 @@ const (
 	mapNoEndpointNodePorts   = "no-endpoint-nodeports"
 	mapFirewallIPs           = "firewall-ips"
 	setClusterIPs            = "cluster-ips"
+	setHairpin               = "hairpin-connections"
 	prefixClusterPolicyChain = "service-"
 	prefixLocalPolicyChain   = "local-"
 	prefixExternalChain      = "external-"
 	prefixFirewallChain      = "firewall-"
 	prefixEndpointChain      = "endpoint-"
 	prefixAffinitySet        = "affinity-"
+	prefixEndpointsMap       = "endpoints-"
+	prefixLocalEndpointsMap  = "local-endpoints-"
 )
 
 // nameMax is the longest object name nf_tables takes (NFT_NAME_MAXLEN

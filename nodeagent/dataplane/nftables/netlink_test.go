@@ -1,9 +1,12 @@
 package nftables
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
 	"testing"
 
+	nexpr "github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
@@ -105,5 +108,64 @@ func TestEncodeElementsSplit(t *testing.T) {
 	}
 	if total != len(o.elems) || len(msgs) < 4 {
 		t.Fatalf("%d elements in %d messages, want %d in several", total, len(msgs)-2, len(o.elems))
+	}
+}
+
+// TestExprEncodingMatchesGoogle checks that the expressions the encoder
+// writes itself are byte for byte what google/nftables/expr marshals, for
+// every expression of every case's ruleset (both families, cascades and
+// endpoint maps).
+func TestExprEncodingMatchesGoogle(t *testing.T) {
+	seen := map[string]int{}
+	for _, c := range dptest.Cases {
+		for _, mapMin := range []int{0, 1} {
+			cfg := caseConfig(c)
+			cfg.EndpointMapMin = mapMin
+			st := fullState(dptest.Table(t, dptest.Node(), c.Services()...), cfg)
+			tx := fullTransaction(st, nil, false)
+			e := &encoder{f: c.Family, fam: unix.NFPROTO_IPV4}
+			if c.Family == dataplane.IPv6 {
+				e.fam = unix.NFPROTO_IPV6
+			}
+			for _, o := range tx.ops {
+				if o.rule == nil {
+					continue
+				}
+				var exprs []nexpr.Any
+				for _, x := range o.rule.exprs {
+					exprs = x.encode(exprs, c.Family)
+				}
+				for _, x := range exprs {
+					e.b = e.b[:0]
+					if !e.expr(x) {
+						continue
+					}
+					kind := fmt.Sprintf("%T", x)
+					if m, ok := x.(*nexpr.Meta); ok {
+						kind += fmt.Sprintf(" SourceRegister=%v", m.SourceRegister)
+					}
+					seen[kind]++
+					data, err := nexpr.Marshal(e.fam, x)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := &encoder{}
+					want.attr(unix.NFTA_LIST_ELEM|nlaNested, data)
+					if !bytes.Equal(e.b, want.b) {
+						t.Errorf("%s: %T %+v encoded as\n%x, google/nftables:\n%x", c.Name, x, x, e.b, want.b)
+					}
+				}
+			}
+		}
+	}
+	// Every kind the encoder writes itself, so that a change to the cases
+	// cannot leave one unchecked.
+	for _, kind := range []string{
+		"*expr.Cmp", "*expr.Meta SourceRegister=false", "*expr.Meta SourceRegister=true",
+		"*expr.Numgen", "*expr.Immediate", "*expr.Payload", "*expr.NAT",
+	} {
+		if seen[kind] == 0 {
+			t.Errorf("no %s encoded by the encoder itself and compared (seen: %v)", kind, seen)
+		}
 	}
 }

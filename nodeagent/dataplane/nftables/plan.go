@@ -26,9 +26,12 @@ type portPlan struct {
 	port, nodePort uint16 // nodePort 0 when none
 
 	svcChain, svlChain, extChain, fwChain string
+	// svcMap and svlMap are the endpoint maps of the two policy chains
+	// (without affinity).
+	svcMap, svlMap string
 
 	clusterEps, localEps []epPlan // the chains exist when not empty
-	allEps               []epPlan // every endpoint with a chain
+	allEps               []epPlan // every endpoint
 
 	// internalChain and externalPolicyChain are the cluster or local
 	// policy chain, as the internal and external traffic policies are
@@ -36,7 +39,7 @@ type portPlan struct {
 	internalChain, externalPolicyChain string
 }
 
-// epPlan is one endpoint, its chain and (with affinity) its set.
+// epPlan is one endpoint and, with affinity, its chain and set.
 type epPlan struct {
 	chain, affinitySet string
 	addr               netip.Addr
@@ -91,14 +94,13 @@ func (p *svcPlan) planPort(sp *plan.Port) portPlan {
 	base := portNameBase(p.Key, proto, sp.PortName)
 	pp.svcChain, pp.svlChain = prefixClusterPolicyChain+base, prefixLocalPolicyChain+base
 	pp.extChain, pp.fwChain = prefixExternalChain+base, prefixFirewallChain+base
+	pp.svcMap, pp.svlMap = prefixEndpointsMap+base, prefixLocalEndpointsMap+base
 	pp.internalChain, pp.externalPolicyChain = plan.PolicyTargets(p.Service, pp.svcChain, pp.svlChain)
 	pp.clusterEps, pp.localEps, pp.allEps = plan.MapEndpoints(sp, func(ep plan.Endpoint) epPlan {
-		ip := ep.Addr.String()
-		e := epPlan{
-			chain: prefixEndpointChain + endpointNameBase(p.Key, proto, sp.PortName, ip, ep.Port),
-			addr:  ep.Addr, port: uint16(ep.Port),
-		}
+		e := epPlan{addr: ep.Addr, port: uint16(ep.Port)}
 		if p.AffinityTimeout > 0 {
+			ip := ep.Addr.String()
+			e.chain = prefixEndpointChain + endpointNameBase(p.Key, proto, sp.PortName, ip, ep.Port)
 			e.affinitySet = prefixAffinitySet + affinityNameBase(p.Key, proto, sp.PortName, ip, ep.Port, p.AffinityTimeout)
 		}
 		return e

@@ -108,14 +108,72 @@ func TestFamilyFiltering(t *testing.T) {
 	}
 }
 
-// TestEndpointCascade checks the random choice: rule i of n matches with
-// probability 1/(n-i), so each endpoint gets 1/n, and the last rule is
-// unconditional.
+// TestEndpointMap checks the random choice without affinity: one rule
+// draws numgen modulo the number of endpoints from a map holding each
+// endpoint once at indices 0 to n-1, so each gets 1/n.
+func TestEndpointMap(t *testing.T) {
+	s := dptest.Svc("ns", "four", "10.96.0.4")
+	s.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
+	eps := []string{"10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"}
+	s.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", eps...)}
+	cfg := testConfig(dataplane.IPv4)
+	cfg.EndpointMapMin = len(eps)
+	st := fullState(dptest.Table(t, dptest.Node(), s), cfg)
+	fr := st.services["ns/four"]
+	var c *chain
+	for _, ch := range fr.chains {
+		if strings.HasPrefix(ch.name, prefixClusterPolicyChain) {
+			c = ch
+		}
+	}
+	if c == nil {
+		t.Fatal("no service chain")
+	}
+	// The masquerade rule, then the choice.
+	if len(c.rules) != 2 {
+		t.Fatalf("service chain has %d rules, want 2", len(c.rules))
+	}
+	last := c.rules[1].exprs
+	dm, ok := last[len(last)-1].(dnatMap)
+	if !ok || dm.mod != uint32(len(eps)) {
+		t.Fatalf("choice rule %s, want a dnat map modulo %d", c.rules[1].String(dataplane.IPv4), len(eps))
+	}
+	got := map[string]int{}
+	for i, e := range fr.setElems[dm.set] {
+		if e.key.index != uint32(i) {
+			t.Errorf("element %d has index %d", i, e.key.index)
+		}
+		got[e.endpoint.String()]++
+	}
+	for _, ep := range eps {
+		if got[ep] != 1 {
+			t.Errorf("endpoint %s is %d of the %d indices, want 1", ep, got[ep], dm.mod)
+		}
+	}
+}
+
+// TestEndpointCascade checks the random choice below EndpointMapMin
+// endpoints (DNAT rules) and with affinity (gotos to endpoint chains):
+// rule i of n matches with probability 1/(n-i), so each endpoint gets
+// 1/n, and the last rule is unconditional.
 func TestEndpointCascade(t *testing.T) {
+	t.Run("dnat", func(t *testing.T) { testEndpointCascade(t, false) })
+	t.Run("affinity", func(t *testing.T) { testEndpointCascade(t, true) })
+}
+
+func testEndpointCascade(t *testing.T, affinity bool) {
+	t.Helper()
 	s := dptest.Svc("ns", "four", "10.96.0.4")
 	s.Ports = []*pb.ServicePort{dptest.Port("", dptest.TCP, 80, 0, true)}
 	s.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("", "10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80")}
-	st := fullState(dptest.Table(t, dptest.Node(), s), testConfig(dataplane.IPv4))
+	skip := 1 // the masquerade rule
+	if affinity {
+		s.SessionAffinity = &pb.SessionAffinity{TimeoutSeconds: 600}
+		skip += 4 // and one affinity rule per endpoint
+	}
+	cfg := testConfig(dataplane.IPv4)
+	cfg.EndpointMapMin = 5
+	st := fullState(dptest.Table(t, dptest.Node(), s), cfg)
 	var c *chain
 	for _, ch := range st.services["ns/four"].chains {
 		if strings.HasPrefix(ch.name, prefixClusterPolicyChain) {
@@ -125,17 +183,19 @@ func TestEndpointCascade(t *testing.T) {
 	if c == nil {
 		t.Fatal("no service chain")
 	}
-	// The masquerade rule, then the cascade.
 	probability, remaining := 0.0, 1.0
 	var got []float64
-	for _, r := range c.rules[1:] {
+	for _, r := range c.rules[skip:] {
 		switch e := r.exprs[0].(type) {
 		case numgenZero:
 			probability = 1 / float64(e.mod)
-		case verdict:
+		case verdict, protoMatch:
 			probability = 1
 		default:
 			t.Fatalf("unexpected rule %s", r.String(dataplane.IPv4))
+		}
+		if _, ok := r.exprs[len(r.exprs)-1].(dnatTo); ok == affinity {
+			t.Fatalf("rule %s: with affinity %v, want DNAT %v", r.String(dataplane.IPv4), affinity, !affinity)
 		}
 		got = append(got, remaining*probability)
 		remaining *= 1 - probability

@@ -22,11 +22,39 @@ type state struct {
 	// server does not stop it); the smallest key wins, as the first rule
 	// would in iptables, and syncs never fail over it.
 	claims map[elemID]*claim
+	// hairpin counts the Services wanting each element of the hairpin
+	// set; an element is programmed while its count is positive.
+	hairpin map[elemKey]int32
 }
 
 // claim lists the Services wanting an element and the value each wants.
+// A slice, not a map: almost every element has one owner, and a table
+// holds one claim per endpoint (the hairpin set), where a map per claim
+// was most of the agent's memory.
 type claim struct {
-	owners map[string]verdict
+	owners []claimant
+}
+
+// claimant is one Service's claim.
+type claimant struct {
+	key string
+	v   verdict
+}
+
+// set records that Service k wants value v.
+func (c *claim) set(k string, v verdict) {
+	for i := range c.owners {
+		if c.owners[i].key == k {
+			c.owners[i].v = v
+			return
+		}
+	}
+	c.owners = append(c.owners, claimant{key: k, v: v})
+}
+
+// drop forgets Service k's claim.
+func (c *claim) drop(k string) {
+	c.owners = slices.DeleteFunc(c.owners, func(o claimant) bool { return o.key == k })
 }
 
 // winner returns the owner whose value is programmed.
@@ -34,38 +62,57 @@ func (c *claim) winner() (string, verdict, bool) {
 	if c == nil || len(c.owners) == 0 {
 		return "", verdict{}, false
 	}
-	best := ""
-	for k := range c.owners {
-		if best == "" || k < best {
-			best = k
+	best := 0
+	for i := range c.owners {
+		if c.owners[i].key < c.owners[best].key {
+			best = i
 		}
 	}
-	return best, c.owners[best], true
+	return c.owners[best].key, c.owners[best].v, true
 }
 
 func (c *claim) clone() *claim {
 	if c == nil {
-		return &claim{owners: map[string]verdict{}}
+		return &claim{}
 	}
-	return &claim{owners: maps.Clone(c.owners)}
+	return &claim{owners: slices.Clone(c.owners)}
 }
 
 // buildState computes the ruleset of t for p.
 func buildState(t *proxytable.Table, p *params) *state {
-	st := &state{services: make(map[string]*fragment, len(t.Entries)), claims: map[elemID]*claim{}}
+	st := &state{services: make(map[string]*fragment, len(t.Entries))}
 	st.chains, st.sets = skeleton(p)
-	for _, k := range t.Keys() {
+	keys := t.Keys()
+	n := 0
+	for _, k := range keys {
 		if plan, ok := planService(t.Entries[k], p.family); ok {
 			fr := buildService(p, plan)
 			st.services[k] = fr
-			for _, r := range fr.elems {
-				c := st.claims[r.id()]
-				if c == nil {
-					c = &claim{owners: map[string]verdict{}}
-					st.claims[r.id()] = c
-				}
-				c.owners[k] = r.verdict
+			n += len(fr.elems)
+		}
+	}
+	// Sized once: the claims are the state's largest part.
+	st.claims = make(map[elemID]*claim, n)
+	st.hairpin = map[elemKey]int32{}
+	for _, k := range keys {
+		if fr := st.services[k]; fr != nil {
+			for _, h := range fr.hairpin {
+				st.hairpin[h]++
 			}
+		}
+	}
+	for _, k := range keys {
+		fr := st.services[k]
+		if fr == nil {
+			continue
+		}
+		for _, r := range fr.elems {
+			c := st.claims[r.id()]
+			if c == nil {
+				c = &claim{owners: make([]claimant, 0, 1)}
+				st.claims[r.id()] = c
+			}
+			c.set(k, r.verdict)
 		}
 	}
 	return st
@@ -85,14 +132,14 @@ func (st *state) inventory() *inventory {
 		inv.chains[c.name] = c.hook != nil
 	}
 	for _, s := range st.sets {
-		inv.sets[s.name] = s.vmap
+		inv.sets[s.name] = s.isMap()
 	}
 	for _, fr := range st.services {
 		for _, c := range fr.chains {
 			inv.chains[c.name] = false
 		}
 		for _, s := range fr.sets {
-			inv.sets[s.name] = false
+			inv.sets[s.name] = s.isMap()
 		}
 	}
 	return inv
@@ -119,18 +166,41 @@ type ownedElements struct {
 // fragments: deterministic without sorting tens of thousands of keys.
 func (st *state) elementsBySet() map[string]*ownedElements {
 	out := map[string]*ownedElements{}
-	for _, k := range slices.Sorted(maps.Keys(st.services)) {
+	keys := slices.Sorted(maps.Keys(st.services))
+	// Count first, so that each set's list is allocated once.
+	sizes := map[string]int{}
+	for _, k := range keys {
+		for _, r := range st.services[k].elems {
+			sizes[r.set]++
+		}
+	}
+	for _, k := range keys {
 		for _, r := range st.services[k].elems {
 			if owner, _, _ := st.claims[r.id()].winner(); owner == k {
 				oe := out[r.set]
 				if oe == nil {
-					oe = &ownedElements{}
+					oe = &ownedElements{elems: make([]element, 0, sizes[r.set]), owners: make([]string, 0, sizes[r.set])}
 					out[r.set] = oe
 				}
 				oe.elems = append(oe.elems, r.element)
 				oe.owners = append(oe.owners, k)
 			}
 		}
+	}
+	// The hairpin set: each key once, from the first Service wanting it.
+	if len(st.hairpin) > 0 {
+		oe := &ownedElements{elems: make([]element, 0, len(st.hairpin)), owners: make([]string, 0, len(st.hairpin))}
+		done := make(map[elemKey]struct{}, len(st.hairpin))
+		for _, k := range keys {
+			for _, h := range st.services[k].hairpin {
+				if _, ok := done[h]; !ok {
+					done[h] = struct{}{}
+					oe.elems = append(oe.elems, element{key: h})
+					oe.owners = append(oe.owners, k)
+				}
+			}
+		}
+		out[setHairpin] = oe
 	}
 	return out
 }
@@ -172,7 +242,9 @@ func fullTransaction(next *state, existing *inventory, reset bool) *transaction 
 			switch {
 			case !wanted || (reset && !isServiceObject(s)):
 				tx.add(op{kind: opDeleteSet, name: s, vmap: existing.sets[s]})
-			case !isServiceObject(s):
+			case !isServiceObject(s) || existing.sets[s]:
+				// Shared sets and the Services' endpoint maps are
+				// refilled; affinity sets (not maps) keep their clients.
 				tx.add(op{kind: opFlushSet, name: s, vmap: existing.sets[s]})
 			}
 		}
@@ -218,6 +290,14 @@ func fullTransaction(next *state, existing *inventory, reset bool) *transaction 
 			tx.add(op{kind: opAddElements, set: s, elems: oe.elems, owners: oe.owners})
 		}
 	}
+	for _, k := range keys {
+		fr := next.services[k]
+		for _, s := range fr.sets {
+			if els := fr.setElems[s.name]; len(els) > 0 {
+				tx.add(op{kind: opAddElements, set: s, elems: els, owner: k})
+			}
+		}
+	}
 	return tx
 }
 
@@ -226,6 +306,10 @@ func fullTransaction(next *state, existing *inventory, reset bool) *transaction 
 type change struct {
 	services map[string]*fragment
 	claims   map[elemID]*claim
+	// hairpin is the change of each hairpin count, and owner the changed
+	// Service an element added or deleted is blamed on.
+	hairpin      map[elemKey]int32
+	hairpinOwner map[elemKey]string
 }
 
 // partialTransaction rewrites what the changed Services need, over prev:
@@ -234,7 +318,7 @@ type change struct {
 // nothing changed for this family.
 func partialTransaction(prev *state, ch *change) *transaction {
 	tx := &transaction{}
-	var flush, del, addChains, addRules, delSets, addSets []op
+	var flush, del, addChains, addRules, delSets, addSets, delOwn, addOwn []op
 	keys := slices.Sorted(maps.Keys(ch.services))
 	for _, k := range keys {
 		old, cur := prev.services[k], ch.services[k]
@@ -255,7 +339,16 @@ func partialTransaction(prev *state, ch *change) *transaction {
 			}
 			for _, s := range old.sets {
 				if !hasSet(cur, s.name) {
-					delSets = append(delSets, op{kind: opDeleteSet, name: s.name, owner: k})
+					delSets = append(delSets, op{kind: opDeleteSet, name: s.name, vmap: s.isMap(), owner: k})
+					continue
+				}
+				// A Service's own map that stays: change only the
+				// elements that differ (an endpoint moved is one).
+				if d := elementsGone(old.setElems[s.name], cur.setElems[s.name]); len(d) > 0 {
+					delOwn = append(delOwn, op{kind: opDeleteElements, set: s, elems: d, owner: k})
+				}
+				if a := elementsGone(cur.setElems[s.name], old.setElems[s.name]); len(a) > 0 {
+					addOwn = append(addOwn, op{kind: opAddElements, set: s, elems: a, owner: k})
 				}
 			}
 		}
@@ -263,6 +356,9 @@ func partialTransaction(prev *state, ch *change) *transaction {
 			for _, s := range cur.sets {
 				if !hasSet(old, s.name) {
 					addSets = append(addSets, op{kind: opAddSet, set: s, owner: k})
+					if els := cur.setElems[s.name]; len(els) > 0 {
+						addOwn = append(addOwn, op{kind: opAddElements, set: s, elems: els, owner: k})
+					}
 				}
 			}
 			for _, c := range cur.chains {
@@ -301,6 +397,18 @@ func partialTransaction(prev *state, ch *change) *transaction {
 			put(addElems, id.set, element{key: id.key, verdict: now}, nowOwner)
 		}
 	}
+	hairpin := slices.Collect(maps.Keys(ch.hairpin))
+	slices.SortFunc(hairpin, compareKeys)
+	for _, h := range hairpin {
+		before := prev.hairpin[h]
+		after := before + ch.hairpin[h]
+		switch {
+		case before > 0 && after <= 0:
+			put(delElems, setHairpin, element{key: h}, ch.hairpinOwner[h])
+		case before <= 0 && after > 0:
+			put(addElems, setHairpin, element{key: h}, ch.hairpinOwner[h])
+		}
+	}
 
 	// Order matters: references go before what they refer to, new objects
 	// before what refers to them.
@@ -309,10 +417,12 @@ func partialTransaction(prev *state, ch *change) *transaction {
 			tx.add(op{kind: opDeleteElements, set: s, elems: oe.elems, owners: oe.owners})
 		}
 	}
+	tx.add(delOwn...)
 	tx.add(flush...)
 	tx.add(del...)
 	tx.add(delSets...)
 	tx.add(addSets...)
+	tx.add(addOwn...)
 	tx.add(addChains...)
 	tx.add(addRules...)
 	for _, s := range prev.sets {
@@ -344,7 +454,7 @@ func computeChange(prev *state, t *proxytable.Table, changed []string, p *params
 			if _, ok := ch.claims[r.id()]; !ok {
 				c := prev.claims[r.id()].clone()
 				for k := range ch.services {
-					delete(c.owners, k)
+					c.drop(k)
 				}
 				ch.claims[r.id()] = c
 			}
@@ -359,7 +469,25 @@ func computeChange(prev *state, t *proxytable.Table, changed []string, p *params
 			continue
 		}
 		for _, r := range fr.elems {
-			ch.claims[r.id()].owners[k] = r.verdict
+			ch.claims[r.id()].set(k, r.verdict)
+		}
+	}
+	ch.hairpin, ch.hairpinOwner = map[elemKey]int32{}, map[elemKey]string{}
+	// In key order, so that a refused hairpin element is blamed on the
+	// same Service every time.
+	for _, k := range sortedKeys(ch.services) {
+		fr := ch.services[k]
+		if old := prev.services[k]; old != nil {
+			for _, h := range old.hairpin {
+				ch.hairpin[h]--
+				ch.hairpinOwner[h] = k
+			}
+		}
+		if fr != nil {
+			for _, h := range fr.hairpin {
+				ch.hairpin[h]++
+				ch.hairpinOwner[h] = k
+			}
 		}
 	}
 	return ch
@@ -381,6 +509,13 @@ func (st *state) apply(ch *change) {
 			st.claims[id] = c
 		}
 	}
+	for h, d := range ch.hairpin {
+		if n := st.hairpin[h] + d; n > 0 {
+			st.hairpin[h] = n
+		} else {
+			delete(st.hairpin, h)
+		}
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
@@ -392,6 +527,19 @@ func chainsByName(fr *fragment) map[string]*chain {
 	out := make(map[string]*chain, len(fr.chains))
 	for _, c := range fr.chains {
 		out[c.name] = c
+	}
+	return out
+}
+
+// elementsGone returns the elements of a that b does not hold with the
+// same value: what to delete going from a to b, or, swapped, to add. Both
+// are indexed the same way (an endpoint map's element i is its i-th).
+func elementsGone(a, b []element) []element {
+	var out []element
+	for i, e := range a {
+		if i >= len(b) || b[i] != e {
+			out = append(out, e)
+		}
 	}
 	return out
 }
@@ -415,13 +563,17 @@ func sortedIDs(m map[elemID]*claim) []elemID {
 		if c := strings.Compare(a.set, b.set); c != 0 {
 			return c
 		}
-		if c := a.key.addr.Compare(b.key.addr); c != 0 {
-			return c
-		}
-		if a.key.proto != b.key.proto {
-			return int(a.key.proto) - int(b.key.proto)
-		}
-		return int(a.key.port) - int(b.key.port)
+		return compareKeys(a.key, b.key)
 	})
 	return ids
+}
+
+func compareKeys(a, b elemKey) int {
+	if c := a.addr.Compare(b.addr); c != 0 {
+		return c
+	}
+	if a.proto != b.proto {
+		return int(a.proto) - int(b.proto)
+	}
+	return int(a.port) - int(b.port)
 }

@@ -3,6 +3,7 @@ package nftables
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -85,34 +86,36 @@ func (s *syncer) assertKernelLikeFullSync() {
 }
 
 func TestPartialSyncEndpointChangeWritesOnlyThatService(t *testing.T) {
-	s := newSyncer(t, testConfig(dataplane.IPv4))
+	cfg := testConfig(dataplane.IPv4)
+	cfg.EndpointMapMin = 1
+	s := newSyncer(t, cfg)
 	others := dptest.ScaleServices(20, 2)
 	web := dptest.ClusterIPTwoEndpoints()
 	s.mustSync(true, append(others, web)...)
 
-	// One endpoint replaced: the map elements stay the same.
+	// One endpoint replaced, as many endpoints: only elements change,
+	// the replaced one in the Service's endpoint map and in the hairpin
+	// set; no rule, so the kernel does not validate the chain graph.
 	web2 := dptest.ClusterIPTwoEndpoints()
 	web2.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.LocalEP+":8080", dptest.RemoteEP2+":8080")}
 	data := s.mustSync(false, append(others, web2)...)
 
-	base := portNameBase("ns/web", "tcp", "http")
-	oldEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", dptest.RemoteEP, 8080)
-	newEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", dptest.RemoteEP2, 8080)
-	keptEP := prefixEndpointChain + endpointNameBase("ns/web", "tcp", "http", dptest.LocalEP, 8080)
+	epMap := prefixEndpointsMap + portNameBase("ns/web", "tcp", "http")
 	want := []string{
-		"flush chain ip proxyplane " + prefixClusterPolicyChain + base,
-		"flush chain ip proxyplane " + oldEP,
-		"delete chain ip proxyplane " + oldEP,
-		"add chain ip proxyplane " + newEP,
-		"add rule ip proxyplane " + prefixClusterPolicyChain + base + " ",
-		"add rule ip proxyplane " + newEP + " ",
+		"delete element ip proxyplane " + epMap + " { 1 }",
+		"add element ip proxyplane " + epMap + " { 1 : " + dptest.RemoteEP2 + " . 8080 }",
+		"delete element ip proxyplane " + setHairpin + " { " + dptest.RemoteEP + " . " + dptest.RemoteEP + " . tcp . 8080 }",
+		"add element ip proxyplane " + setHairpin + " { " + dptest.RemoteEP2 + " . " + dptest.RemoteEP2 + " . tcp . 8080 }",
 	}
 	for _, w := range want {
 		if !strings.Contains(data, w) {
 			t.Errorf("partial sync lacks %q:\n%s", w, data)
 		}
 	}
-	for _, unwanted := range []string{"element", "chain ip proxyplane " + keptEP, "rule ip proxyplane " + keptEP, "ns/svc-", "services", "table"} {
+	if n := strings.Count(data, "\n"); n != len(want) {
+		t.Errorf("partial sync has %d operations, want %d:\n%s", n, len(want), data)
+	}
+	for _, unwanted := range []string{"chain", "rule", dptest.LocalEP + " . 8080", "ns/svc-", "services", "table"} {
 		if strings.Contains(data, unwanted) {
 			t.Errorf("endpoint-only change wrote %q:\n%s", unwanted, data)
 		}
@@ -243,7 +246,7 @@ func TestFullSyncKeepsAffinitySets(t *testing.T) {
 	s := newSyncer(t, testConfig(dataplane.IPv4))
 	s.mustSync(true, dptest.AffinityService())
 	set := affinitySet("ns/sticky", "http", dptest.RemoteEP+":8080")
-	s.k.table.sets[set].elems[elemKey{addr: mustAddr(dptest.LocalPod)}] = verdict{} // a client seen
+	s.k.table.sets[set].elems[elemKey{addr: mustAddr(dptest.LocalPod)}] = element{key: elemKey{addr: mustAddr(dptest.LocalPod)}} // a client seen
 	data := s.mustSync(true, dptest.AffinityService())
 	if strings.Contains(data, "set ip proxyplane "+set) && !strings.Contains(data, "add set ip proxyplane "+set) {
 		t.Errorf("full sync touched the affinity set:\n%s", data)
@@ -360,7 +363,7 @@ func TestConflictingServices(t *testing.T) {
 	winner := func() string {
 		for key, v := range s.k.table.sets[mapServiceIPs].elems {
 			if key.addr == mustAddr("198.51.100.80") {
-				return v.chain
+				return v.verdict.chain
 			}
 		}
 		return ""
@@ -383,13 +386,59 @@ func TestConflictingServices(t *testing.T) {
 func TestPartialSyncsConverge(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, family := range []dataplane.Family{dataplane.IPv4, dataplane.IPv6} {
-		t.Run(family.String(), func(t *testing.T) {
-			s := newSyncer(t, testConfig(family))
-			s.mustSync(true)
-			dptest.Converge(t, rng, func(full bool, services ...*pb.Service) error {
-				_, err := s.sync(full, services...)
-				return err
-			}, s.assertKernelLikeFullSync)
-		})
+		// Cascades, endpoint maps for every service port, and ports
+		// crossing the threshold both ways as their endpoints change.
+		for _, mapMin := range []int{0, 1, 2, 3} {
+			t.Run(fmt.Sprintf("%s/endpoint-map-min-%d", family, mapMin), func(t *testing.T) {
+				cfg := testConfig(family)
+				cfg.EndpointMapMin = mapMin
+				s := newSyncer(t, cfg)
+				s.mustSync(true)
+				dptest.Converge(t, rng, func(full bool, services ...*pb.Service) error {
+					_, err := s.sync(full, services...)
+					return err
+				}, s.assertKernelLikeFullSync)
+			})
+		}
 	}
+}
+
+// TestHairpinSharedEndpoint checks the hairpin set's counts: an endpoint
+// two Services share (same address, protocol and port) stays in the set
+// until neither has it, through partial syncs.
+func TestHairpinSharedEndpoint(t *testing.T) {
+	s := newSyncer(t, testConfig(dataplane.IPv4))
+	a := dptest.ClusterIPTwoEndpoints() // ns/web: LocalEP and RemoteEP on 8080
+	b := proto.CloneOf(a)
+	b.Name, b.ClusterIps = "web2", []string{"10.96.0.12"}
+	b.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.RemoteEP+":8080")}
+	shared := elemKey{addr: mustAddr(dptest.RemoteEP), proto: protoTCP, port: 8080}
+	local := elemKey{addr: mustAddr(dptest.LocalEP), proto: protoTCP, port: 8080}
+	has := func(k elemKey) bool {
+		_, ok := s.k.table.sets[setHairpin].elems[k]
+		return ok
+	}
+	s.mustSync(true, a, b)
+	if !has(shared) || !has(local) {
+		t.Fatalf("hairpin set lacks the endpoints:\n%s", s.k.dump())
+	}
+	// ns/web goes: its other endpoint leaves the set, the shared one stays.
+	data := s.mustSync(false, b)
+	if has(local) || !has(shared) {
+		t.Errorf("after ns/web went, hairpin set has %v (want false) and %v (want true):\n%s", has(local), has(shared), data)
+	}
+	// ns/web2 moves its endpoint elsewhere: the shared one goes too.
+	b2 := proto.CloneOf(b)
+	b2.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps("http", dptest.RemoteEP2+":8080")}
+	data = s.mustSync(false, b2)
+	if has(shared) {
+		t.Errorf("the endpoint no Service has stayed in the hairpin set:\n%s", data)
+	}
+	// Both back at once, the shared endpoint counted twice, one goes.
+	s.mustSync(false, a, b)
+	s.mustSync(false, b)
+	if !has(shared) {
+		t.Errorf("the shared endpoint left the hairpin set with one Service still using it")
+	}
+	s.assertKernelLikeFullSync()
 }

@@ -109,7 +109,7 @@ func (o *op) writeText(b *strings.Builder, f dataplane.Family) {
 	case opAddRule:
 		b.WriteString("add rule " + table + " " + o.name + " " + o.rule.String(f))
 	case opAddSet:
-		b.WriteString("add " + setWord(o.set.vmap) + " " + table + " " + o.set.name + " { " + strings.Join(o.set.declaration(f), "; ") + "; }")
+		b.WriteString("add " + setWord(o.set.isMap()) + " " + table + " " + o.set.name + " { " + strings.Join(o.set.declaration(f), "; ") + "; }")
 	case opFlushSet:
 		b.WriteString("flush " + setWord(o.vmap) + " " + table + " " + o.name)
 	case opDeleteSet:
@@ -141,6 +141,11 @@ func (h *baseHook) text() string {
 
 // declaration is a set's body, one statement a line.
 func (s *set) declaration(f dataplane.Family) []string {
+	if s.endpoints {
+		// numgen's integer has no type name: nft takes it only by
+		// typeof (the kernel stores the typeof in the set's user data).
+		return []string{"typeof numgen random mod 1 : " + nftFamily(f) + " daddr . th dport"}
+	}
 	out := []string{"type " + s.typeText(f)}
 	if s.timeout > 0 {
 		out = append(out, "flags dynamic,timeout", "timeout "+strconv.Itoa(int(s.timeout.Seconds()))+"s")
@@ -158,7 +163,7 @@ func rulesetText(st *state, f dataplane.Family) string {
 	owned := st.elementsBySet()
 	writeSet := func(s *set, els []element) {
 		word := "set"
-		if s.vmap {
+		if s.isMap() {
 			word = "map"
 		}
 		b.WriteString("\t" + word + " " + s.name + " {\n")
@@ -193,8 +198,9 @@ func rulesetText(st *state, f dataplane.Family) string {
 		writeSet(s, els)
 	}
 	for _, k := range keys {
-		for _, s := range st.services[k].sets {
-			writeSet(s, nil)
+		fr := st.services[k]
+		for _, s := range fr.sets {
+			writeSet(s, fr.setElems[s.name])
 		}
 	}
 	for _, c := range st.chains {

@@ -164,7 +164,7 @@ func (a *agent) session(ctx context.Context, addr string) error {
 func (a *agent) hello() *rawMessage {
 	h := &pb.Hello{
 		NodeName:     a.name,
-		Capabilities: &pb.Capabilities{Deltas: true, Dataplane: "fleet", AgentVersion: "fleet", ZstdEntries: a.f.opts.ZstdEntries},
+		Capabilities: &pb.Capabilities{Deltas: true, Dataplane: "fleet", AgentVersion: "fleet", ZstdEntries: a.f.opts.ZstdEntries, ZstdEntriesUnhashed: a.f.opts.ZstdEntries},
 		Version:      a.held.version,
 		NodeHash:     a.held.nodeHash,
 	}

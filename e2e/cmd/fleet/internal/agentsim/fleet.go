@@ -53,7 +53,9 @@ type Options struct {
 	// Decoders bounds responses decoded and processed at once.
 	Decoders int
 	// ZstdEntries: the agents announce Capabilities.zstd_entries and
-	// inflate compressed snapshots as nodeagent/client does.
+	// zstd_entries_unhashed, as nodeagent does, and inflate compressed
+	// snapshots, computing the hashes of runs sent without, with
+	// nodeagent/client's own Inflate.
 	ZstdEntries bool
 	// Lifetime bounds the process: it exits after this long whatever
 	// happens.
@@ -92,7 +94,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SilenceTimeout, "silence-timeout", o.SilenceTimeout, "End a stream silent for this long (nodeagent's).")
 	fs.IntVar(&o.MaxRecvMessageBytes, "max-recv-message-bytes", o.MaxRecvMessageBytes, "Largest response accepted (nodeagent's).")
 	fs.IntVar(&o.Decoders, "decoders", o.Decoders, "Responses decoded and processed at once.")
-	fs.BoolVar(&o.ZstdEntries, "zstd-entries", o.ZstdEntries, "Announce compressed snapshots and inflate them (nodeagent's client does).")
+	fs.BoolVar(&o.ZstdEntries, "zstd-entries", o.ZstdEntries, "Announce compressed snapshots, hashed and unhashed, and inflate them (nodeagent's client does).")
 	fs.DurationVar(&o.Lifetime, "lifetime", o.Lifetime, "Exit after this long in any case.")
 	fs.StringVar(&o.CAFile, "ca-file", o.CAFile, "Dial with TLS trusting only this PEM bundle (default: plaintext, no tokens).")
 	fs.StringVar(&o.ServerName, "server-name", o.ServerName, "Name the control plane's certificate must carry (with --ca-file).")

@@ -1,4 +1,4 @@
-package app
+package memlimit
 
 import (
 	"io"
@@ -7,13 +7,13 @@ import (
 	"runtime/debug"
 	"testing"
 
-	"github.com/KimMachineGun/automemlimit/memlimit"
+	automemlimit "github.com/KimMachineGun/automemlimit/memlimit"
 )
 
-// TestSetMemoryLimitLeavesHeadroom checks that a 2 GiB container limit
+// TestSetLeavesHeadroom checks that a 2 GiB container limit
 // gives the Go heap a soft limit with room below it: a soft limit equal
 // to the container's lets the kernel OOM-kill before the collector acts.
-func TestSetMemoryLimitLeavesHeadroom(t *testing.T) {
+func TestSetLeavesHeadroom(t *testing.T) {
 	t.Setenv("GOMEMLIMIT", "")
 	unsetenv(t, "GOMEMLIMIT")
 	t.Setenv("AUTOMEMLIMIT", "")
@@ -22,7 +22,7 @@ func TestSetMemoryLimitLeavesHeadroom(t *testing.T) {
 	t.Cleanup(func() { debug.SetMemoryLimit(old) })
 
 	container := int64(2 << 30)
-	got := setMemoryLimit(slog.New(slog.NewTextHandler(io.Discard, nil)), memlimit.Limit(uint64(container)))
+	got := set(slog.New(slog.NewTextHandler(io.Discard, nil)), automemlimit.Limit(uint64(container)))
 	if got != debug.SetMemoryLimit(-1) {
 		t.Fatalf("returned %d, runtime has %d", got, debug.SetMemoryLimit(-1))
 	}
@@ -34,14 +34,14 @@ func TestSetMemoryLimitLeavesHeadroom(t *testing.T) {
 	}
 }
 
-// TestSetMemoryLimitKeepsExplicit checks that an operator's GOMEMLIMIT
+// TestSetKeepsExplicit checks that an operator's GOMEMLIMIT
 // wins over the cgroup's.
-func TestSetMemoryLimitKeepsExplicit(t *testing.T) {
+func TestSetKeepsExplicit(t *testing.T) {
 	t.Setenv("GOMEMLIMIT", "1GiB")
 	old := debug.SetMemoryLimit(-1)
 	t.Cleanup(func() { debug.SetMemoryLimit(old) })
 	debug.SetMemoryLimit(1 << 30)
-	if got := setMemoryLimit(slog.New(slog.NewTextHandler(io.Discard, nil)), memlimit.Limit(4<<30)); got != 1<<30 {
+	if got := set(slog.New(slog.NewTextHandler(io.Discard, nil)), automemlimit.Limit(4<<30)); got != 1<<30 {
 		t.Errorf("soft limit %d, want the explicit 1 GiB", got)
 	}
 }
