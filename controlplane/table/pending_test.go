@@ -120,10 +120,10 @@ func TestDeltaAllocations(t *testing.T) {
 	}
 }
 
-// maxDeltaAllocs is what TestDeltaAllocations measured once the changes
-// were borrowed and the versions written in place (15 before, then 9),
-// the upserts encoded once per world and view (5), and a few keys
-// sorted on the stack (4).
+// maxDeltaAllocs bounds a delta of one Service: with the world's changes
+// borrowed, the versions written in place, the upserts encoded once per
+// world and view and a few keys sorted on the stack, it takes 4
+// allocations (copying the changes and encoding per agent took 15).
 const maxDeltaAllocs = 4
 
 // TestDeltaUpsertsSharedPerZone: a delta's upserts, encoded once per

@@ -246,7 +246,7 @@ func (p *Pending) merge(newer Pending, limit int) {
 // add folds one crumb's changes into p, as merge does. Into an empty p
 // it borrows changed rather than copying it: every stream takes every
 // world, nearly always one at a time, and two copies of each world's
-// changes per stream and world were a tenth of the control plane's
+// changes per stream and world would be a tenth of the control plane's
 // allocations per response (docs/benchmarks.md).
 func (p *Pending) add(changed map[string]*compute.Service, limit int) {
 	if len(p.Services) == 0 {

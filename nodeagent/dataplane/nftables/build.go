@@ -187,8 +187,8 @@ type fragment struct {
 	// hairpin holds the Service's keys in the hairpin set, each once.
 	// Not in elems: the set holds one element per endpoint, and the
 	// state counts the Services wanting each (state.hairpin) rather
-	// than holding a claim apiece, which was a third of the agent's
-	// memory at 250,000 endpoints.
+	// than holding a claim apiece, which would be a third of the
+	// agent's memory at 250,000 endpoints.
 	hairpin []elemKey
 }
 

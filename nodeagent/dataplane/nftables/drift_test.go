@@ -24,8 +24,8 @@ var webServiceChain = prefixClusterPolicyChain + portNameBase("ns/web", "tcp", "
 var webElement = elemKey{addr: mustAddr("10.96.0.10"), proto: protoTCP, port: 80}
 
 // tampering is a change to the table behind the Dataplane's back, as an
-// operator's nft command would make it (TestKernelDrift makes the same
-// ones with nft).
+// operator's nft command would make it (TestKernelDrift makes the first
+// four with nft).
 type tampering struct {
 	name   string
 	change func(t **fakeTable)
@@ -33,7 +33,16 @@ type tampering struct {
 	// flushes the chains and maps it believes exist, and refills rules
 	// and elements anyway.
 	trips bool
+	// endpointMaps programs every service port's endpoints as a map
+	// (Config.EndpointMapMin 1), for tamperings with one.
+	endpointMaps bool
 }
+
+// webEndpointsMap is ns/web's endpoint map, with endpointMaps.
+var webEndpointsMap = prefixEndpointsMap + portNameBase("ns/web", "tcp", "http")
+
+// webHairpin is ns/web's local endpoint's element in the hairpin set.
+var webHairpin = elemKey{addr: mustAddr(dptest.LocalEP), proto: protoTCP, port: 8080}
 
 var tamperings = []tampering{
 	{name: "table deleted", trips: true, change: func(t **fakeTable) { *t = nil }},
@@ -49,6 +58,31 @@ var tamperings = []tampering{
 	{name: "base chain rule deleted", change: func(t **fakeTable) {
 		(*t).chains[chainNATPrerouting].rules = nil
 	}},
+	{name: "hairpin element deleted", change: func(t **fakeTable) {
+		delete((*t).sets[setHairpin].elems, webHairpin)
+	}},
+	{name: "hairpin set deleted", trips: true, change: func(t **fakeTable) {
+		// The kernel deletes only an unreferenced set: its rule goes
+		// first.
+		(*t).chains[chainMasquerading].rules = nil
+		delete((*t).sets, setHairpin)
+	}},
+	{name: "endpoint map element deleted", endpointMaps: true, change: func(t **fakeTable) {
+		delete((*t).sets[webEndpointsMap].elems, elemKey{index: 0})
+	}},
+	{name: "endpoint map deleted", endpointMaps: true, trips: true, change: func(t **fakeTable) {
+		(*t).chains[webServiceChain].rules = nil
+		delete((*t).sets, webEndpointsMap)
+	}},
+}
+
+// driftConfig is the configuration tt's syncs run with.
+func driftConfig(tt tampering) Config {
+	cfg := testConfig(dataplane.IPv4)
+	if tt.endpointMaps {
+		cfg.EndpointMapMin = 1
+	}
+	return cfg
 }
 
 // TestDriftRepairedByNextFullSync tampers with the table after a good sync
@@ -61,7 +95,7 @@ var tamperings = []tampering{
 func TestDriftRepairedByNextFullSync(t *testing.T) {
 	for _, tt := range tamperings {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newSyncer(t, testConfig(dataplane.IPv4))
+			s := newSyncer(t, driftConfig(tt))
 			s.mustSync(true, driftServices()...)
 			want := s.k.dump()
 			s.k.commitBehind(tt.change)
@@ -92,7 +126,7 @@ func TestDriftRepairedByNextFullSync(t *testing.T) {
 			}
 		})
 		t.Run(tt.name+"/without the check", func(t *testing.T) {
-			s := newSyncer(t, testConfig(dataplane.IPv4))
+			s := newSyncer(t, driftConfig(tt))
 			s.d = withoutDriftCheck(s.d, s.rec.Observe)
 			s.mustSync(true, driftServices()...)
 			want := s.k.dump()

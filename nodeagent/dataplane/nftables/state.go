@@ -28,9 +28,8 @@ type state struct {
 }
 
 // claim lists the Services wanting an element and the value each wants.
-// A slice, not a map: almost every element has one owner, and a table
-// holds one claim per endpoint (the hairpin set), where a map per claim
-// was most of the agent's memory.
+// A slice, not a map: almost every element has one owner, and a map
+// per claim costs hundreds of bytes per Service port.
 type claim struct {
 	owners []claimant
 }
