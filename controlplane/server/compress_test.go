@@ -5,18 +5,15 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/klauspost/compress/zstd"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
-	"github.com/proxyplane/proxyplane/controlplane/wire"
+	"github.com/proxyplane/proxyplane/controlplane/table/tabletest"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
-	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // inflatingCodec decodes responses as the agent's codec does: compressed
@@ -38,71 +35,13 @@ func (c inflatingCodec) Unmarshal(data mem.BufferSlice, v any) error {
 			return err
 		}
 		plain := &pb.Snapshot{}
-		if err := proto.Unmarshal(inflateSnapshot(c.t, b), plain); err != nil {
+		if err := proto.Unmarshal(tabletest.InflateSnapshot(c.t, b), plain); err != nil {
 			return err
 		}
 		r.Kind = &pb.SyncResponse_Snapshot{Snapshot: plain}
 	}
 	proto.Merge(v.(proto.Message), &r)
 	return nil
-}
-
-// inflateSnapshot returns the encoded Snapshot b with its compressed
-// entries inflated in place, as the agent does (nodeagent/client.Inflate,
-// which the control plane may not import).
-func inflateSnapshot(t testing.TB, b []byte) []byte {
-	t.Helper()
-	dec, err := zstd.NewReader(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dec.Close()
-	var out []byte
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			t.Fatalf("snapshot: %v", protowire.ParseError(n))
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			t.Fatalf("snapshot: %v", protowire.ParseError(m))
-		}
-		switch num {
-		case wire.SnapshotZstdEntries:
-			frame, _ := protowire.ConsumeBytes(b[n:])
-			if out, err = dec.DecodeAll(frame, out); err != nil {
-				t.Fatalf("inflating: %v", err)
-			}
-		case wire.SnapshotZstdEntriesUnhashed:
-			// Each entry's hash computed from its content and put in.
-			frame, _ := protowire.ConsumeBytes(b[n:])
-			content, err := dec.DecodeAll(frame, nil)
-			if err != nil {
-				t.Fatalf("inflating: %v", err)
-			}
-			var s pb.Snapshot
-			if err := proto.Unmarshal(content, &s); err != nil {
-				t.Fatal(err)
-			}
-			for _, e := range s.GetEntries() {
-				if e.GetHash() != 0 {
-					t.Fatalf("unhashed entry %s carries hash %016x", e.GetKey(), e.GetHash())
-				}
-				if e.Hash, err = tablehash.Entry(e.GetKey(), e.GetService()); err != nil {
-					t.Fatal(err)
-				}
-			}
-			hashed, err := proto.Marshal(&s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, hashed...)
-		default:
-			out = append(out, b[:n+m]...)
-		}
-		b = b[n+m:]
-	}
-	return out
 }
 
 // rawResponses keeps each response's bytes as sent, to see what went on

@@ -79,37 +79,22 @@ var ipvsLinks = []string{ipvs.DefaultInterface, "kube-ipvs0"}
 // every later table.
 func reportedAddrs(log *slog.Logger) func() []string {
 	return func() []string {
-		ifaces, err := net.Interfaces()
+		addrs, err := interfaceAddrs()
 		if err != nil {
 			log.Warn("listing the node's addresses to report", "err", err)
 			return nil
 		}
-		return globalAddrs(ifaces, func(i net.Interface) ([]net.Addr, error) { return i.Addrs() }, log)
+		return globalAddrs(addrs, log)
 	}
 }
 
-// globalAddrs returns the global unicast addresses of ifaces (but the
-// IPVS links), as addrsOf lists them: sorted, unique, at most
-// maxReportedAddrs.
-func globalAddrs(ifaces []net.Interface, addrsOf func(net.Interface) ([]net.Addr, error), log *slog.Logger) []string {
+// globalAddrs returns the global unicast addresses of addrs: sorted,
+// unique, at most maxReportedAddrs.
+func globalAddrs(addrs []netip.Addr, log *slog.Logger) []string {
 	var all []netip.Addr
-	for _, i := range ifaces {
-		if slices.Contains(ipvsLinks, i.Name) {
-			continue
-		}
-		addrs, err := addrsOf(i)
-		if err != nil {
-			log.Warn("listing a link's addresses to report", "link", i.Name, "err", err)
-			continue
-		}
-		for _, a := range addrs {
-			n, ok := a.(*net.IPNet)
-			if !ok {
-				continue
-			}
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap().IsGlobalUnicast() {
-				all = append(all, ip.Unmap())
-			}
+	for _, a := range addrs {
+		if a.IsGlobalUnicast() {
+			all = append(all, a)
 		}
 	}
 	slices.SortFunc(all, netip.Addr.Compare)

@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"log/slog"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -51,39 +50,34 @@ func TestNodePortRangeFlag(t *testing.T) {
 // link-local and the IPVS links' service addresses, sorted, unique and
 // bounded as the control plane requires.
 func TestGlobalAddrs(t *testing.T) {
-	cidr := func(s string) net.Addr {
-		_, n, err := net.ParseCIDR(s)
+	addr := func(s string, link int) netlink.Addr {
+		a, err := netlink.ParseAddr(s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.IP = net.ParseIP(strings.Split(s, "/")[0])
-		return n
+		a.LinkIndex = link
+		return *a
 	}
-	links := map[string][]net.Addr{
-		"lo":         {cidr("127.0.0.1/8"), cidr("::1/128")},
-		"eth0":       {cidr("192.168.0.21/24"), cidr("fe80::1/64"), cidr("2001:db8::21/64")},
-		"cni0":       {cidr("10.88.0.1/16")},
-		"docker0":    {cidr("172.17.0.1/16"), cidr("10.88.0.1/16")},
-		"pp-ipvs0":   {cidr("10.96.0.10/32"), cidr("203.0.113.7/32")},
-		"kube-ipvs0": {cidr("10.96.0.1/32")},
+	const lo, eth0, cni0, docker0, ppIPVS, kubeIPVS = 1, 2, 3, 4, 5, 6
+	addrs := []netlink.Addr{
+		addr("127.0.0.1/8", lo), addr("::1/128", lo),
+		addr("192.168.0.21/24", eth0), addr("fe80::1/64", eth0), addr("2001:db8::21/64", eth0),
+		addr("10.88.0.1/16", cni0),
+		addr("172.17.0.1/16", docker0), addr("10.88.0.1/16", docker0),
+		addr("10.96.0.10/32", ppIPVS), addr("203.0.113.7/32", ppIPVS),
+		addr("10.96.0.1/32", kubeIPVS),
 	}
-	var ifaces []net.Interface
-	for name := range links {
-		ifaces = append(ifaces, net.Interface{Name: name})
-	}
-	addrsOf := func(i net.Interface) ([]net.Addr, error) { return links[i.Name], nil }
-	got := globalAddrs(ifaces, addrsOf, slog.New(slog.DiscardHandler))
+	got := globalAddrs(nodeAddrs(addrs, []int{ppIPVS, kubeIPVS}), slog.New(slog.DiscardHandler))
 	want := []string{"10.88.0.1", "172.17.0.1", "192.168.0.21", "2001:db8::21"}
 	if !slices.Equal(got, want) {
 		t.Errorf("globalAddrs = %q, want %q", got, want)
 	}
 
-	var many []net.Addr
+	var many []netip.Addr
 	for i := range 300 {
-		many = append(many, cidr(netip.AddrFrom4([4]byte{10, 1, byte(i / 256), byte(i % 256)}).String()+"/16"))
+		many = append(many, netip.AddrFrom4([4]byte{10, 1, byte(i / 256), byte(i % 256)}))
 	}
-	links = map[string][]net.Addr{"eth0": many}
-	if got := globalAddrs([]net.Interface{{Name: "eth0"}}, addrsOf, slog.New(slog.DiscardHandler)); len(got) != maxReportedAddrs {
+	if got := globalAddrs(many, slog.New(slog.DiscardHandler)); len(got) != maxReportedAddrs {
 		t.Errorf("globalAddrs of 300 addresses reported %d, want %d", len(got), maxReportedAddrs)
 	}
 }

@@ -347,14 +347,14 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 			if resp.err != nil {
 				// The stream carries something other than the protocol:
 				// say so, and start over on a new one.
-				return established, s.nackUndecodable(resp, recvErr, log)
+				return established, s.leave(s.nackUndecodable(resp, log), recvErr)
 			}
 			err := s.answer(ctx, a, resp.msg, log)
 			// A long apply is not silence: the receive goroutine answered
 			// keepalives meanwhile.
 			silence.Reset(o.SilenceTimeout)
 			if err != nil {
-				return established, err
+				return established, s.leave(err, recvErr)
 			}
 		}
 	}
@@ -407,34 +407,40 @@ func (s *syncStream) receive(ctx context.Context, tables chan<- *response, heard
 }
 
 // nackUndecodable NACKs a response that could not be decoded, keeping the
-// rules in force, and returns the error that ends the stream. It half-closes
-// the stream and waits, at most nackFlushTimeout, for the control plane to
-// end it: cancelling the stream at once can make the transport drop the NACK
-// it still holds, and the control plane would never learn why the agent left.
-func (s *syncStream) nackUndecodable(resp *response, ended <-chan error, log *slog.Logger) error {
+// rules in force, and returns the error that ends the stream.
+func (s *syncStream) nackUndecodable(resp *response, log *slog.Logger) error {
 	metrics.NacksTotal.Inc()
 	log.Error("rejecting an undecodable response; previous rules stay in force, reconnecting", "nonce", resp.nonce, "err", resp.err)
 	if err := s.send(&pb.SyncRequest{Kind: &pb.SyncRequest_Nack{Nack: newNack("", resp.nonce, resp.err, nil)}}); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	err := s.stream.CloseSend()
-	s.mu.Unlock()
-	if err == nil {
-		t := time.NewTimer(nackFlushTimeout)
-		defer t.Stop()
-		select {
-		case err := <-ended:
-			log.Debug("control plane ended the stream after the NACK", "err", err)
-		case <-t.C:
-		}
-	}
 	return resp.err
 }
 
-// nackFlushTimeout bounds how long an agent leaving a stream over an
-// undecodable response waits for the control plane to read its NACK.
-const nackFlushTimeout = 2 * time.Second
+// leave ends the stream over err after a NACK: it half-closes the stream
+// and waits, at most leaveTimeout, for the control plane to end it.
+// Cancelling the stream at once can make the transport drop the NACK it
+// still holds, and the control plane would never learn why the agent left.
+func (s *syncStream) leave(err error, ended <-chan error) error {
+	s.mu.Lock()
+	cerr := s.stream.CloseSend()
+	s.mu.Unlock()
+	if cerr != nil {
+		return err
+	}
+	t := time.NewTimer(leaveTimeout)
+	defer t.Stop()
+	select {
+	case endErr := <-ended:
+		_ = endErr // the agent leaves over err, however the stream ended
+	case <-t.C:
+	}
+	return err
+}
+
+// leaveTimeout bounds how long an agent leaving a stream waits for the
+// control plane to read what it sent last.
+const leaveTimeout = 2 * time.Second
 
 // answer applies a table response and ACKs or NACKs it.
 func (s *syncStream) answer(ctx context.Context, a Applier, resp *pb.SyncResponse, log *slog.Logger) error {

@@ -282,6 +282,12 @@ func TestFailedApplyIsRetriedOnANewStream(t *testing.T) {
 	if m := recv(t, s); m.GetNack() == nil {
 		t.Fatalf("answer %v, want a nack", m)
 	}
+	// The agent half-closes after its NACK rather than cancelling the
+	// stream, which could drop the NACK in the transport.
+	if _, err := s.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the NACK the stream gave %v, want io.EOF (a half-close)", err)
+	}
+	fakes["cp"].end(t)
 	// The table was valid: the agent reconnects so that it is sent again.
 	if h := recv(t, accept(t, fakes["cp"])).GetHello(); h == nil {
 		t.Fatal("no new hello after a failed apply")
