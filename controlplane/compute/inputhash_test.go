@@ -60,13 +60,8 @@ var unhashedInputs = map[reflect.Type]map[string]string{
 	reflect.TypeFor[Service](): {
 		"Key":         "Equal compares it itself",
 		"TriggerTime": "it feeds a latency metric only: no entry hash or version depends on it, and a change of it alone is not worth a publish (TestEqual)",
-		"hintedNodes": "derived from ports by index",
-		"hintedZones": "derived from ports by index",
-		"localNodes":  "derived from ports by index",
-		"zones":       "derived from base and ports by index",
-		"mu":          "guards the memos",
-		"shared":      "memo of views derived from base and ports",
-		"local":       "memo of views derived from base and ports",
+		"others":      "derived from base and ports by index",
+		"topo":        "derived from base and ports by index, and memos of views derived from them",
 	},
 	reflect.TypeFor[servicePort](): {
 		"families":             "derived from endpoints by classify",

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	"github.com/proxyplane/proxyplane/controlplane/wire"
@@ -83,6 +84,109 @@ type syncMessage struct {
 	req     *pb.SyncRequest
 	entries []byte // a hello's entry hashes, encoded (see decodeRequest)
 	err     error
+	// isAck says the message is an ACK and nothing else, decoded into
+	// ack without protobuf, and req is nil.
+	isAck bool
+	ack   ackFields
+}
+
+// ackFields is an ACK as decodeAck reads it: what protobuf's decoding
+// would give, without its five allocations per ACK of every agent.
+type ackFields struct {
+	version  uint64
+	nonce    [20]byte // the digits of a uint64 at most, as formatNonce writes them
+	nonceLen uint8
+}
+
+func (a *ackFields) nonceBytes() []byte { return a.nonce[:a.nonceLen] }
+
+// Field numbers of what decodeAck reads (proto/proxyplane/v1/sync.proto;
+// TestDecodeAck checks them against protobuf's decoding).
+const (
+	syncRequestAck protowire.Number = 2 // SyncRequest.ack
+	ackVersion     protowire.Number = 1 // Ack.version
+	ackNonce       protowire.Number = 2 // Ack.nonce
+)
+
+// decodeAck decodes b into a when it is an ACK in the form every agent
+// sends: a SyncRequest holding only its ack, whose version is 16 hex
+// digits (what compute.ParseVersion accepts) and whose nonce is at most
+// 20 decimal digits, each once, and nothing else. It reports false for
+// anything else, which protobuf decodes as before: an ACK with a
+// malformed version or nonce, or a field repeated or unknown, is left to
+// decodeRequest, so that decoding errors and what an unusual ACK means
+// stay protobuf's.
+func decodeAck(b []byte, a *ackFields) bool {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 || num != syncRequestAck || typ != protowire.BytesType {
+		return false
+	}
+	body, m := protowire.ConsumeBytes(b[n:])
+	if m < 0 || n+m != len(b) {
+		return false
+	}
+	var haveVersion, haveNonce bool
+	for len(body) > 0 {
+		num, typ, n := protowire.ConsumeTag(body)
+		if n < 0 || typ != protowire.BytesType {
+			return false
+		}
+		v, m := protowire.ConsumeBytes(body[n:])
+		if m < 0 {
+			return false
+		}
+		switch {
+		case num == ackVersion && !haveVersion:
+			var ok bool
+			if a.version, ok = parseHex16(v); !ok {
+				return false
+			}
+			haveVersion = true
+		case num == ackNonce && !haveNonce:
+			if len(v) == 0 || len(v) > len(a.nonce) || !allDigits(v) {
+				return false
+			}
+			a.nonceLen = uint8(copy(a.nonce[:], v))
+			haveNonce = true
+		default:
+			return false
+		}
+		body = body[n+m:]
+	}
+	return haveVersion && haveNonce
+}
+
+// parseHex16 parses what compute.ParseVersion accepts, 16 hex digits of
+// either case, without a string.
+func parseHex16(b []byte) (uint64, bool) {
+	if len(b) != 16 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		var d byte
+		switch {
+		case '0' <= c && c <= '9':
+			d = c - '0'
+		case 'a' <= c && c <= 'f':
+			d = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		v = v<<4 | uint64(d)
+	}
+	return v, true
+}
+
+func allDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // Unmarshal implements encoding.CodecV2.
@@ -90,11 +194,15 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch r := v.(type) {
 	case *syncMessage:
 		// An ACK, a few dozen bytes, is decoded from gRPC's own buffer,
-		// which proto.Unmarshal does not retain; a hello is copied, since
-		// its entry hashes are kept encoded (decodeRequest).
+		// which neither decoding retains; a hello is copied, since its
+		// entry hashes are kept encoded (decodeRequest).
 		var b []byte
 		if len(data) == 1 && !hasField(data[0].ReadOnlyData(), wire.SyncRequestHello) {
 			b = data[0].ReadOnlyData()
+			if decodeAck(b, &r.ack) {
+				r.isAck = true
+				return nil
+			}
 		} else {
 			b = data.Materialize()
 		}

@@ -74,12 +74,19 @@ type tracker struct {
 	kick    chan struct{}
 	queries chan chan []*pb.Convergence
 
-	mu      sync.Mutex            // guards mailbox
-	mailbox map[string]heldReport // per node, its news not yet applied
+	// The mailbox: per node that reported or left since the last drain,
+	// its news, in inbox at its index in slot. drain takes the inbox
+	// whole and deletes its nodes' slots one by one: clearing or
+	// iterating the map would cost a pass over every slot it ever
+	// grew to (one per agent), on every drain, which comes as often as
+	// the tracker wakes: for a few reports each when agents ACK one by
+	// one.
+	mu    sync.Mutex       // guards inbox and slot
+	inbox []heldReport     // the news not yet applied
+	slot  map[string]int32 // node -> its index in inbox
 
 	// Owned by run.
-	spare   map[string]heldReport // an empty map, swapped for the mailbox
-	batch   []heldReport          // the mailbox's news, sorted by time
+	spare   []heldReport // an empty inbox, swapped for the full one
 	nodes   map[string]*nodeState
 	byIndex []*nodeState // by nodeState.index; nil where free
 	free    []int32      // free indices
@@ -125,7 +132,7 @@ func newTracker(store *table.Store, reg *registry) *tracker {
 	return &tracker{
 		store: store, reg: reg,
 		kick: make(chan struct{}, 1), queries: make(chan chan []*pb.Convergence),
-		mailbox: map[string]heldReport{}, spare: map[string]heldReport{},
+		slot:  map[string]int32{},
 		nodes: map[string]*nodeState{}, now: time.Now,
 	}
 }
@@ -135,23 +142,32 @@ func newTracker(store *table.Store, reg *registry) *tracker {
 func (t *tracker) report(node string, rev uint64) {
 	now := time.Now()
 	t.mu.Lock()
-	r := t.mailbox[node]
-	r.node, r.left = node, false // a stream reports: the node is back
+	r := t.post(node)
+	r.left = false // a stream reports: the node is back
 	if rev > r.rev {
 		r.rev, r.at = rev, now
 	}
-	t.mailbox[node] = r
 	t.mu.Unlock()
 	t.wake()
+}
+
+// post returns node's news in the mailbox, made empty if it had none.
+// Called with mu held.
+func (t *tracker) post(node string) *heldReport {
+	i, ok := t.slot[node]
+	if !ok {
+		i = int32(len(t.inbox))
+		t.slot[node] = i
+		t.inbox = append(t.inbox, heldReport{node: node})
+	}
+	return &t.inbox[i]
 }
 
 // leave tells the tracker that node's agent left this replica: it no
 // longer counts in the changes it has not converged to. Never blocks.
 func (t *tracker) leave(node string) {
 	t.mu.Lock()
-	r := t.mailbox[node]
-	r.node, r.left = node, true
-	t.mailbox[node] = r
+	t.post(node).left = true
 	t.mu.Unlock()
 	t.wake()
 }
@@ -212,15 +228,12 @@ func (t *tracker) run(ctx context.Context) {
 // converged.
 func (t *tracker) drain() {
 	t.mu.Lock()
-	box := t.mailbox
-	t.mailbox, t.spare = t.spare, nil
-	t.mu.Unlock()
-	batch := t.batch[:0]
-	for _, r := range box {
-		batch = append(batch, r)
+	batch := t.inbox
+	t.inbox, t.spare = t.spare, nil
+	for _, r := range batch {
+		delete(t.slot, r.node)
 	}
-	clear(box)
-	t.spare = box
+	t.mu.Unlock()
 	slices.SortFunc(batch, func(a, b heldReport) int { return a.at.Compare(b.at) })
 	for _, r := range batch {
 		if r.rev > 0 {
@@ -233,7 +246,7 @@ func (t *tracker) drain() {
 		}
 	}
 	clear(batch) // drop the names
-	t.batch = batch[:0]
+	t.spare = batch[:0]
 }
 
 // publish starts tracking the change from the previous world taken to w,

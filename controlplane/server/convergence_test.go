@@ -448,7 +448,7 @@ func BenchmarkConvergencePerChange(b *testing.B) {
 				tr := newTracker(store, newRegistry(func(string) bool { return true }))
 				nodes := nodeNames("node", n)
 				for _, name := range nodes {
-					tr.reg.attach(name, "", nil, func(error) {})
+					tr.reg.attach(&streamStatus{node: name, cancel: func(error) {}})
 				}
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
@@ -710,5 +710,27 @@ func TestConvergenceOfNodesAheadOfTheTracker(t *testing.T) {
 	want := map[float64]time.Duration{0.5: 5 * time.Millisecond, 0.9: 9 * time.Millisecond, 0.99: 10 * time.Millisecond, 1: 10 * time.Millisecond}
 	if got := reachedOf(tr.snapshot()[0]); !maps.Equal(got, want) {
 		t.Errorf("reached %v, want %v", got, want)
+	}
+}
+
+// BenchmarkTrackerDrainAfterEveryAgent: one report and the drain it
+// wakes, after every one of 5,000 agents has reported once, as in the
+// steady phase, where agents ACK one by one and the tracker wakes for a
+// few reports at a time. A drain's cost must not follow the number of
+// agents that ever reported (the mailbox's map grown to one slot each).
+func BenchmarkTrackerDrainAfterEveryAgent(b *testing.B) {
+	store := cluster(b)
+	tr, _ := trackerOn(store)
+	names := nodeNames("node", 5000)
+	for i, name := range names {
+		tr.report(name, uint64(i+1))
+	}
+	tr.drain()
+	b.ReportAllocs()
+	rev := uint64(len(names))
+	for i := 0; b.Loop(); i++ {
+		rev++
+		tr.report(names[i%len(names)], rev)
+		tr.drain()
 	}
 }

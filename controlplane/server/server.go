@@ -118,11 +118,18 @@ func grpcOptions(c codec) []grpc.ServerOption {
 		// first headers (about 1 KB) for as long as it is open. At 0,
 		// clients encode headers without it.
 		grpc.HeaderTableSize(0),
-		// Write buffers are pooled, but a change has every connection
-		// write at once, and the pool grows to hold a buffer for each:
-		// 32 KiB each by default. Deltas are a few hundred bytes; a
-		// snapshot is written in more calls.
-		grpc.WriteBufferSize(8 << 10),
+		// Each time a connection's write buffer fills is one write(2),
+		// and one segment the kernel handles on our CPU: at 8 KiB a
+		// 240 KB snapshot was 30 of them, a fifth of a cold start's CPU;
+		// at grpc-go's default of 32 KiB it is 8 (TestSnapshotWrites;
+		// cold start CPU 10% less at 1,000 agents, within the noise at
+		// 5,000, where idle keepalives dominate it). The buffers are
+		// pooled (SharedWriteBuffer, grpc-go's default) and held only
+		// from a connection's first write to its flush, so the size
+		// bounds a burst's memory, not a connection's: peak and steady
+		// RSS at 1,000 agents did not move (docs/benchmarks.md,
+		// "Scenario L: memory and cold start").
+		grpc.WriteBufferSize(32 << 10),
 	}
 }
 

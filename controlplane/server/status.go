@@ -57,8 +57,10 @@ type syncResult struct {
 	behindSince time.Time
 }
 
-// streamStatus is one stream's status. Its stream goroutine writes it and
-// ListNodes reads it.
+// streamStatus is one stream's status. The stream's goroutines write it
+// and ListNodes and the registry read it, each holding mu only for that:
+// never while the stream writes to its agent, so that one agent whose
+// writes block holds back no ListNodes and no other stream's attach.
 type streamStatus struct {
 	r           *registry
 	node        string
@@ -75,16 +77,17 @@ func newRegistry(known func(string) bool) *registry {
 	return &registry{known: known, nodes: map[string]*nodeEntry{}}
 }
 
-// attach makes a new stream the one serving node. An older stream for the
-// same node is cancelled: an agent reconnecting has given up on it, and it
-// is most likely half-open.
-func (r *registry) attach(node, peer string, caps *pb.Capabilities, cancel context.CancelCauseFunc) *streamStatus {
+// attach makes a new stream, whose status s names its node, peer,
+// capabilities and cancel function, the one serving s.node. An older
+// stream for the same node is cancelled: an agent reconnecting has given
+// up on it, and it is most likely half-open.
+func (r *registry) attach(s *streamStatus) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	e := r.nodes[node]
+	e := r.nodes[s.node]
 	if e == nil {
 		e = &nodeEntry{}
-		r.nodes[node] = e
+		r.nodes[s.node] = e
 	}
 	if e.stream != nil {
 		e.last = e.stream.result()
@@ -92,12 +95,13 @@ func (r *registry) attach(node, peer string, caps *pb.Capabilities, cancel conte
 	} else {
 		metrics.NodesConnected.Inc()
 	}
-	s := &streamStatus{r: r, node: node, cancel: cancel, caps: caps, peer: peer, connectedAt: time.Now()}
+	s.r, s.connectedAt = r, time.Now()
+	s.mu.Lock()
 	// The last NACK and the drift reported stay visible across reconnects.
 	s.res.nackedVersion, s.res.nacked, s.res.nackError, s.res.nackedAt = e.last.nackedVersion, e.last.nacked, e.last.nackError, e.last.nackedAt
 	s.res.drift = e.last.drift
+	s.mu.Unlock()
 	e.stream = s
-	return s
 }
 
 func (s *streamStatus) sent(version, nonce uint64, bytes int) {
@@ -107,8 +111,8 @@ func (s *streamStatus) sent(version, nonce uint64, bytes int) {
 	s.mu.Unlock()
 }
 
-func (s *streamStatus) acked(version uint64) {
-	now := time.Now()
+// acked records that the agent acknowledged version, at now.
+func (s *streamStatus) acked(version uint64, now time.Time) {
 	s.mu.Lock()
 	s.res.ackedVersion, s.res.acked, s.res.ackedAt = version, true, now
 	s.mu.Unlock()

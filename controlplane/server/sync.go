@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -60,7 +62,8 @@ func (s *Server) Sync(stream syncStream) (err error) {
 	}
 	defer releaseSlot()
 	in := make(chan inbound)
-	go receive(ctx, stream, in)
+	start := make(chan *syncSession, 1)
+	go receive(ctx, stream, in, start, cancel)
 
 	hello, entries, err := s.awaitHello(ctx, in)
 	if err != nil {
@@ -122,7 +125,15 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		return toStatus(err)
 	}
 
-	st := s.reg.attach(node, peerAddr(ctx), hello.GetCapabilities(), cancel)
+	log := s.log.With("node", node, "peer", peerAddr(ctx))
+	now := time.Now()
+	ss := &syncSession{
+		Server: s, cur: cur, stream: stream, connLog: log,
+		lastHeard: now, dl: newDeadlines(now, s.opts.KeepaliveInterval),
+	}
+	st := &ss.st
+	st.node, st.peer, st.caps, st.cancel = node, peerAddr(ctx), hello.GetCapabilities(), cancel
+	s.reg.attach(st)
 	defer func() {
 		if st.detach() && s.conv != nil {
 			// Its open changes stop waiting for it: another replica
@@ -131,9 +142,8 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		}
 	}()
 	if v, ok := cur.AckedVersion(); ok {
-		st.acked(v)
+		st.acked(v, now)
 	}
-	log := s.log.With("node", node, "peer", peerAddr(ctx))
 	log.Info("agent connected", "heldVersion", hello.GetVersion(), "current", cur.Current())
 	started := time.Now()
 	defer func() {
@@ -144,49 +154,32 @@ func (s *Server) Sync(stream syncStream) (err error) {
 		log.Info("agent disconnected", "after", time.Since(started).Round(time.Millisecond), "reason", reason(err), "err", err)
 	}()
 
-	ss := &syncSession{Server: s, cur: cur, st: st, stream: stream}
 	defer ss.close()
-	lastHeard := time.Now()
-	dl := newDeadlines(lastHeard, s.opts.KeepaliveInterval)
-	defer dl.stop()
+	ss.mu.Lock()
+	err = ss.step()
+	ss.mu.Unlock()
+	if err != nil {
+		return toStatus(err)
+	}
+	// From here the receiving goroutine handles the agent's messages
+	// itself (receive), and this one the worlds and the timer.
+	start <- ss
 	for {
-		if err := ss.sendNext(); err != nil {
-			return toStatus(err)
-		}
-		if ss.awaiting {
-			dl.ackBy(ss.ackBy)
-		}
 		select {
 		case <-ctx.Done():
-			return toStatus(context.Cause(ctx))
-		case <-sub.Wake():
-			cur.Update(sub.Take())
-		case m := <-in:
-			if m.err != nil {
-				if errors.Is(m.err, io.EOF) {
-					return nil
-				}
-				return toStatus(m.err)
+			cause := context.Cause(ctx)
+			if errors.Is(cause, io.EOF) {
+				return nil // the agent closed its side
 			}
-			lastHeard = time.Now()
-			if err := ss.handle(m.req); err != nil {
-				log.Warn("closing stream", "err", err)
+			return toStatus(cause)
+		case <-sub.Wake():
+			if err := ss.update(sub.Take()); err != nil {
 				return toStatus(err)
 			}
-		case now := <-dl.C():
-			if ss.awaiting && !now.Before(ss.ackBy) {
-				return toStatus(errAckTimeout)
+		case now := <-ss.dl.C():
+			if err := ss.tick(ctx, now); err != nil {
+				return toStatus(err)
 			}
-			if dl.keepaliveDue(now) {
-				if now.Sub(lastHeard) > s.opts.KeepaliveTimeout {
-					return toStatus(errKeepaliveTimeout)
-				}
-				ka := &pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{SentAt: timestamppb.Now()}}}
-				if err := ss.sendKeepalive(ctx, ka); err != nil {
-					return toStatus(err)
-				}
-			}
-			dl.rearm(ss.awaiting, ss.ackBy)
 		}
 	}
 }
@@ -206,8 +199,24 @@ type deadlines struct {
 }
 
 func newDeadlines(now time.Time, interval time.Duration) *deadlines {
-	next := now.Add(interval)
-	return &deadlines{t: time.NewTimer(interval), interval: interval, next: next, armed: next}
+	next := alignUp(now.Add(interval), interval)
+	return &deadlines{t: time.NewTimer(next.Sub(now)), interval: interval, next: next, armed: next}
+}
+
+// keepaliveEpoch anchors every stream's keepalives; a monotonic reading.
+var keepaliveEpoch = time.Now()
+
+// alignUp rounds t up to the next multiple of interval/16 since
+// keepaliveEpoch, so that the streams' keepalives fire together, sixteen
+// bursts an interval, rather than each stream on its own: every lone
+// wake-up costs the runtime a thread wake and a round of the network
+// poller, which at 5,000 agents was most of an idle control plane's CPU
+// (docs/benchmarks.md, "Scenario L: memory and cold start"). A stream's
+// keepalives stay at least interval apart, and less than 17/16 of it.
+func alignUp(t time.Time, interval time.Duration) time.Time {
+	tick := max(interval/16, time.Millisecond)
+	d := t.Sub(keepaliveEpoch)
+	return keepaliveEpoch.Add((d + tick - 1) / tick * tick)
 }
 
 // C fires at the earlier of the next keepalive and the ACK deadline.
@@ -229,7 +238,7 @@ func (d *deadlines) keepaliveDue(now time.Time) bool {
 	if now.Before(d.next) {
 		return false
 	}
-	d.next = now.Add(d.interval)
+	d.next = alignUp(now.Add(d.interval), d.interval)
 	return true
 }
 
@@ -248,7 +257,19 @@ func (d *deadlines) set(at time.Time) {
 	d.t.Reset(time.Until(at))
 }
 
-// syncSession is the state of one Sync stream, owned by its goroutine.
+// syncSession is the state of one Sync stream. Two goroutines share it,
+// each taking its lock (mu) for all it does: the stream's own (Sync), which follows
+// the worlds and the timer, and the receiving one (receive), which
+// handles the agent's messages as they arrive. An ACK, the message of
+// every response to every agent, is so handled where it is read, and the
+// response it makes due (the world moved on while the previous was in
+// flight) sent from there: no hand-off between goroutines, and one
+// wake-up of a goroutine less per response than a receiver that passes
+// each message on. The lock is the stream's own, so it is taken by
+// turns, not contended. It is not the node status's (st.mu), which
+// ListNodes and the registry take for every stream: should a write block
+// after all (an agent that ACKs a table before reading it), only this
+// stream waits.
 //
 // It writes to the stream itself, where a write cannot block: gRPC's
 // SendMsg only queues while the stream's write quota (64 KiB of queued,
@@ -260,10 +281,21 @@ func (d *deadlines) set(at time.Time) {
 // everything through one, as WatchTable does, would cost two goroutine
 // hand-offs per agent per change.
 type syncSession struct {
+	mu sync.Mutex // guards the fields below st
+	// st is the node's status, which the registry references, with a
+	// lock of its own.
+	st streamStatus
+
 	*Server
+	stream  syncStream
+	connLog *slog.Logger // with the node and the peer
+
+	// Guarded by mu.
+	closed      bool // the stream's goroutine is returning: touch nothing
+	sending     bool // a keepalive is in the sender: nothing else may be sent
 	cur         *table.Cursor
-	st          *streamStatus
-	stream      syncStream
+	dl          *deadlines
+	lastHeard   time.Time // when the agent's last message arrived
 	out         *sender   // for keepalives behind a large table; nil until needed
 	nonce       uint64    // of the last response sent; 0 before the first
 	awaiting    bool      // the response with nonce awaits an answer
@@ -281,18 +313,102 @@ type syncSession struct {
 	frame frame
 }
 
+// errSessionClosed tells the receiving goroutine that the stream is
+// ending: it stops without a cause of its own.
+var errSessionClosed = errors.New("the stream is ending")
+
+// step sends the cursor's next response, if any, and makes the timer
+// fire by its ACK deadline. Called with mu held. While a keepalive is
+// in the sender, it sends nothing: the tick that waits for it steps
+// once it is written.
+func (ss *syncSession) step() error {
+	if ss.sending {
+		return nil
+	}
+	if err := ss.sendNext(); err != nil {
+		return err
+	}
+	if ss.awaiting {
+		ss.dl.ackBy(ss.ackBy)
+	}
+	return nil
+}
+
+// update records a newer world and sends what it makes due.
+func (ss *syncSession) update(w *table.World, p table.Pending) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.cur.Update(w, p)
+	return ss.step()
+}
+
+// tick handles the timer, which fired at now: the ACK deadline, and the
+// keepalives each way.
+func (ss *syncSession) tick(ctx context.Context, now time.Time) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.awaiting && !now.Before(ss.ackBy) {
+		return errAckTimeout
+	}
+	if ss.dl.keepaliveDue(now) {
+		if now.Sub(ss.lastHeard) > ss.opts.KeepaliveTimeout {
+			return errKeepaliveTimeout
+		}
+		ka := &pb.SyncResponse{Kind: &pb.SyncResponse_Keepalive{Keepalive: &pb.Keepalive{SentAt: timestamppb.Now()}}}
+		if err := ss.sendKeepalive(ctx, ka); err != nil {
+			return err
+		}
+	}
+	ss.dl.rearm(ss.awaiting, ss.ackBy)
+	return nil
+}
+
+// received handles a message from the agent, on the receiving goroutine,
+// and sends what it makes due. An error ends the stream.
+func (ss *syncSession) received(m *syncMessage) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return errSessionClosed
+	}
+	if m.err != nil {
+		return fmt.Errorf("%w: undecodable message: %w", errInvalid, m.err)
+	}
+	ss.lastHeard = time.Now()
+	if err := ss.handle(m, ss.lastHeard); err != nil {
+		ss.connLog.Warn("closing stream", "err", err)
+		return err
+	}
+	return ss.step()
+}
+
 // quotaSafe is the largest table after which a keepalive is still
 // written directly: well under gRPC's per-stream write quota of 64 KiB.
 const quotaSafe = 16 << 10
 
 // sendKeepalive sends a keepalive, through the sender when it may queue
-// behind a large table the agent has not read.
+// behind a large table the agent has not read. Called with mu held,
+// which it releases while it waits for the sender: ListNodes and the
+// registry read the status under it, and must not wait up to the write
+// timeout for one agent. Meanwhile the receiving goroutine may handle
+// the agent's messages, but sends nothing (step); once the keepalive is
+// written, what they made due is sent.
 func (ss *syncSession) sendKeepalive(ctx context.Context, ka *pb.SyncResponse) error {
 	if ss.awaiting && ss.inflightLen > quotaSafe {
 		if ss.out == nil {
 			ss.out = newSender(ss.stream, ss.opts.WriteTimeout)
 		}
-		return ss.out.send(ctx, ka)
+		ss.sending = true
+		ss.mu.Unlock()
+		err := ss.out.send(ctx, ka)
+		ss.mu.Lock()
+		if err != nil {
+			// The write may still be in progress: sending stays set, so
+			// that nothing else is sent until the stream ends.
+			return err
+		}
+		ss.sending = false
+		return ss.step()
 	}
 	if err := ss.stream.SendMsg(ka); err != nil {
 		return fmt.Errorf("sending: %w", err)
@@ -300,7 +416,13 @@ func (ss *syncSession) sendKeepalive(ctx context.Context, ka *pb.SyncResponse) e
 	return nil
 }
 
+// close ends the session: the receiving goroutine touches nothing of it
+// after, so the stream's goroutine may read the cursor unlocked.
 func (ss *syncSession) close() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.closed = true
+	ss.dl.stop()
 	if ss.out != nil {
 		ss.out.close()
 	}
@@ -372,8 +494,16 @@ func (ss *syncSession) reportHeld() {
 	}
 }
 
-// handle processes one message from the agent.
-func (ss *syncSession) handle(m *pb.SyncRequest) error {
+// handle processes one message from the agent, which arrived at now.
+func (ss *syncSession) handle(sm *syncMessage, now time.Time) error {
+	if sm.isAck {
+		// An ACK and nothing else, decoded without protobuf (ackFields).
+		if err := ss.checkNonce(sm.ack.nonceBytes()); err != nil {
+			return err
+		}
+		return ss.acked(sm.ack.version, now)
+	}
+	m := sm.req
 	if d := m.GetDrift(); d != nil {
 		ss.noteDrift(d)
 	}
@@ -381,13 +511,11 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 	case *pb.SyncRequest_Keepalive:
 		return nil
 	case *pb.SyncRequest_Ack:
-		v, err := ss.settle(k.Ack.GetVersion(), k.Ack.GetNonce(), ss.cur.Ack)
+		v, err := ss.settle(k.Ack.GetVersion(), k.Ack.GetNonce())
 		if err != nil {
 			return err
 		}
-		ss.st.acked(v)
-		ss.reportHeld()
-		return nil
+		return ss.acked(v, now)
 	case *pb.SyncRequest_Nack:
 		version := k.Nack.GetVersion()
 		if version == "" && ss.awaiting {
@@ -395,8 +523,11 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 			// version; the nonce says which response it was.
 			version = compute.FormatVersion(ss.inflight)
 		}
-		v, err := ss.settle(version, k.Nack.GetNonce(), ss.cur.Nack)
+		v, err := ss.settle(version, k.Nack.GetNonce())
 		if err != nil {
+			return err
+		}
+		if err := ss.record(v, ss.cur.Nack); err != nil {
 			return err
 		}
 		detail := nackDetail(k.Nack)
@@ -411,28 +542,53 @@ func (ss *syncSession) handle(m *pb.SyncRequest) error {
 	}
 }
 
-// settle checks that an ACK or NACK answers the response in flight,
-// records it in the cursor with record (Cursor.Ack or Cursor.Nack), and
-// ends the wait. Nothing changes unless all of it succeeds.
-func (ss *syncSession) settle(version, nonce string, record func(uint64) error) (uint64, error) {
-	var buf [20]byte
-	if !ss.awaiting || nonce != string(appendNonce(buf[:0], ss.nonce)) {
-		inflight := "none"
-		if ss.awaiting {
-			inflight = strconv.Quote(formatNonce(ss.nonce))
-		}
-		return 0, fmt.Errorf("%w: answer for nonce %q, but %s is in flight", errInvalid, nonce, inflight)
+// acked records the agent's ACK of version v, whose nonce was checked,
+// received at now.
+func (ss *syncSession) acked(v uint64, now time.Time) error {
+	if err := ss.record(v, ss.cur.Ack); err != nil {
+		return err
+	}
+	ss.st.acked(v, now)
+	ss.reportHeld()
+	return nil
+}
+
+// settle checks that an ACK or NACK answers the response in flight, and
+// parses its version.
+func (ss *syncSession) settle(version, nonce string) (uint64, error) {
+	if err := ss.checkNonce([]byte(nonce)); err != nil {
+		return 0, err
 	}
 	v, err := compute.ParseVersion(version)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", errInvalid, err)
 	}
+	return v, nil
+}
+
+// checkNonce checks that an answer's nonce is the response in flight's.
+func (ss *syncSession) checkNonce(nonce []byte) error {
+	var buf [20]byte
+	if ss.awaiting && string(nonce) == string(appendNonce(buf[:0], ss.nonce)) {
+		return nil
+	}
+	inflight := "none"
+	if ss.awaiting {
+		inflight = strconv.Quote(formatNonce(ss.nonce))
+	}
+	return fmt.Errorf("%w: answer for nonce %q, but %s is in flight", errInvalid, nonce, inflight)
+}
+
+// record records an answer for version v in the cursor with record
+// (Cursor.Ack or Cursor.Nack), and ends the wait. Nothing changes unless
+// it succeeds.
+func (ss *syncSession) record(v uint64, record func(uint64) error) error {
 	if err := record(v); err != nil {
-		return 0, fmt.Errorf("%w: %w", errInvalid, err)
+		return fmt.Errorf("%w: %w", errInvalid, err)
 	}
 	ss.awaiting = false
 	metrics.VersionsPendingAck.Dec()
-	return v, nil
+	return nil
 }
 
 // Bounds on a drift report: the registry keeps the last one per node.
@@ -527,35 +683,59 @@ func (s *Server) awaitHello(ctx context.Context, in <-chan inbound) (*pb.Hello, 
 	}
 }
 
-// inbound is a message from the agent, or the error that ended the stream.
+// inbound is the agent's hello, or the error that ended the stream
+// before one.
 type inbound struct {
 	req     *pb.SyncRequest
 	entries []byte // a hello's entry hashes, encoded (see decodeRequest)
 	err     error
 }
 
-// receive feeds the stream's messages to its owner until the stream ends,
-// then the error that ended it. The codec decodes them (syncMessage):
-// when grpc-go fails to decode, it ends the stream with Internal on its
-// own, but a malformed message is the agent's error (InvalidArgument),
-// and it must say so.
-func receive(ctx context.Context, stream syncStream, in chan<- inbound) {
+// receive reads the stream's messages until it ends. The first, the
+// hello, goes to the stream's goroutine on in (or the error that ended
+// the stream before one); once that goroutine has started the session
+// (start), receive handles every later message itself (see syncSession).
+// The error that ends the stream, the agent's or one of its messages',
+// cancels the stream's context with that error as the cause: io.EOF when
+// the agent closed its side.
+//
+// The codec decodes the messages (syncMessage): when grpc-go fails to
+// decode, it ends the stream with Internal on its own, but a malformed
+// message is the agent's error (InvalidArgument), and it must say so.
+func receive(ctx context.Context, stream syncStream, in chan<- inbound, start <-chan *syncSession, cancel context.CancelCauseFunc) {
+	var sm syncMessage // one per stream: its messages are handled in turn
+	var first inbound
+	if err := stream.RecvMsg(&sm); err != nil {
+		first.err = err
+	} else if sm.err != nil {
+		first.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, sm.err)
+	} else {
+		first.req, first.entries = sm.req, sm.entries
+	}
+	select {
+	case in <- first:
+	case <-ctx.Done():
+		return
+	}
+	if first.err != nil {
+		return
+	}
+	var ss *syncSession
+	select {
+	case ss = <-start:
+	case <-ctx.Done():
+		return
+	}
 	for {
-		var m inbound
-		var sm syncMessage
-		if err := stream.RecvMsg(&sm); err != nil {
-			m.err = err
-		} else if sm.err != nil {
-			m.err = fmt.Errorf("%w: undecodable message: %w", errInvalid, sm.err)
-		} else {
-			m.req, m.entries = sm.req, sm.entries
+		sm = syncMessage{}
+		err := stream.RecvMsg(&sm)
+		if err == nil {
+			err = ss.received(&sm)
 		}
-		select {
-		case in <- m:
-		case <-ctx.Done():
-			return
-		}
-		if m.err != nil {
+		if err != nil {
+			if !errors.Is(err, errSessionClosed) {
+				cancel(err)
+			}
 			return
 		}
 	}

@@ -561,9 +561,12 @@ func sliceService(obj any) ([]string, error) {
 }
 
 // trim drops what the control plane never reads, so that caches of
-// thousands of Nodes stay small: managed fields everywhere, all of a
-// Node but its name, zone label, pod CIDRs, IP addresses and whether it is
-// going away, and all of a ServiceCIDR but its CIDRs.
+// thousands of Nodes and tens of thousands of Services and slices stay
+// small: managed fields everywhere, all of a Node but its name, zone
+// label, pod CIDRs, IP addresses and whether it is going away, all of a
+// ServiceCIDR but its CIDRs, and of Services and EndpointSlices the
+// metadata, the selector and the endpoints' fields that no table depends
+// on.
 func trim(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Node:
@@ -598,10 +601,55 @@ func trim(obj any) (any, error) {
 			ObjectMeta: metav1.ObjectMeta{Name: o.Name, ResourceVersion: o.ResourceVersion, UID: o.UID},
 			Spec:       o.Spec,
 		}, nil
+	case *corev1.Service:
+		// compute.Build and SkipReason read the spec, the load balancer
+		// ingress and, of the metadata, the name, the namespace and one
+		// label. The selector is for the EndpointSlice controller, and
+		// annotations (kubectl's last-applied-configuration is a copy of
+		// the whole object) are for others too.
+		trimMeta(&o.ObjectMeta, compute.LabelServiceProxyName, "")
+		o.Spec.Selector = nil
+		o.Status.Conditions = nil
+		return o, nil
+	case *discoveryv1.EndpointSlice:
+		// The slice's index (its Service's name label) and its trigger
+		// time, and of its endpoints what compute.Build and
+		// BuildControlPlaneAddresses read: addresses, conditions, node
+		// name and hints; not the Pod each one is, its hostname or zone.
+		trimMeta(&o.ObjectMeta, discoveryv1.LabelServiceName, corev1.EndpointsLastChangeTriggerTime)
+		for i := range o.Endpoints {
+			e := &o.Endpoints[i]
+			e.TargetRef, e.Hostname, e.Zone, e.DeprecatedTopology = nil, nil, nil, nil
+		}
+		return o, nil
 	case metav1.Object:
 		o.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// trimMeta drops all of m but what the caches' keys, the handlers'
+// progress and compute read: name, namespace, UID, resourceVersion, the
+// label called label and the annotation called annotation ("" for none).
+// Maps that hold nothing else are kept as they are.
+func trimMeta(m *metav1.ObjectMeta, label, annotation string) {
+	*m = metav1.ObjectMeta{
+		Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion,
+		Labels: onlyKey(m.Labels, label), Annotations: onlyKey(m.Annotations, annotation),
+	}
+}
+
+// onlyKey returns m if it holds no key but key, else a map of key alone (nil
+// when m lacks it).
+func onlyKey(m map[string]string, key string) map[string]string {
+	v, ok := m[key]
+	switch {
+	case !ok:
+		return nil
+	case len(m) == 1:
+		return m
+	}
+	return map[string]string{key: v}
 }
 
 func firstOf(s []string) string {

@@ -201,7 +201,7 @@ func (c *cluster) sync(t *testing.T) {
 			resp.Kind = &pb.SyncResponse_Delta{Delta: d}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
-		v, err := n.agent.Apply(ctx, resp)
+		v, err := n.agent.Apply(ctx, resp, false)
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: applying version %s: %v", n.ns.Name(), compute.FormatVersion(r.Version), err)

@@ -83,8 +83,9 @@ type Agent struct {
 }
 
 type request struct {
-	resp  *pb.SyncResponse
-	reply chan error
+	resp        *pb.SyncResponse
+	hashesKnown bool
+	reply       chan error
 }
 
 // New returns an agent starting from cached, the table loaded from the
@@ -131,9 +132,13 @@ func (a *Agent) Held() *proxytable.Table { return a.inForce.Load() }
 
 // Apply validates, persists and programs a Snapshot or Delta response and
 // returns the version now in force. On error nothing changed: the caller
-// NACKs. Safe for concurrent use; responses are applied one at a time.
-func (a *Agent) Apply(ctx context.Context, resp *pb.SyncResponse) (string, error) {
-	req := request{resp: resp, reply: make(chan error, 1)}
+// NACKs. hashesKnown says that every hash of a snapshot was computed
+// from, or checked against, the bytes it was decoded from (the client
+// does so for snapshots with runs without hashes): they are not
+// recomputed. Safe for concurrent use; responses are applied one at a
+// time.
+func (a *Agent) Apply(ctx context.Context, resp *pb.SyncResponse, hashesKnown bool) (string, error) {
+	req := request{resp: resp, hashesKnown: hashesKnown, reply: make(chan error, 1)}
 	select {
 	case a.reqs <- req:
 	case <-ctx.Done():
@@ -184,7 +189,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case req := <-a.reqs:
-			req.reply <- a.apply(ctx, req.resp)
+			req.reply <- a.apply(ctx, req.resp, req.hashesKnown)
 		case <-timer.C:
 			fullSync()
 		}
@@ -192,7 +197,7 @@ func (a *Agent) Run(ctx context.Context) error {
 }
 
 // apply is Apply's work, on the Run goroutine.
-func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
+func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse, hashesKnown bool) error {
 	cur := a.saved
 	var next *proxytable.Table
 	var changed []string
@@ -213,7 +218,11 @@ func (a *Agent) apply(ctx context.Context, resp *pb.SyncResponse) error {
 		if cur != nil && !slices.Equal(cur.Node.GetControlPlaneAddresses(), next.Node.GetControlPlaneAddresses()) {
 			check = nil
 		}
-		err = a.cfg.Policy.Check(next, check)
+		if resp.GetSnapshot() != nil && hashesKnown {
+			err = a.cfg.Policy.CheckVerified(next)
+		} else {
+			err = a.cfg.Policy.Check(next, check)
+		}
 	}
 	if err != nil {
 		return err // nothing to program: health is unaffected

@@ -139,7 +139,7 @@ func TestApplyPersistsThenPrograms(t *testing.T) {
 	run(t, a)
 	first := snapshot(entry("a", 1, 80), entry("b", 2, 80))
 	metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues("IPv4").Set(0)
-	if _, err := a.Apply(context.Background(), first); err != nil {
+	if _, err := a.Apply(context.Background(), first, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(metrics.SyncProxyRulesLastQueuedTimestamp.WithLabelValues("IPv4")); got == 0 {
@@ -150,7 +150,7 @@ func TestApplyPersistsThenPrograms(t *testing.T) {
 	v2 := version(node, entry("a", 1, 80), b2)
 	got, err := a.Apply(context.Background(), &pb.SyncResponse{Nonce: "2", Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{
 		BaseVersion: v1, Version: v2, Upserts: []*pb.ServiceEntry{b2},
-	}}})
+	}}}, false)
 	if err != nil || got != v2 {
 		t.Fatalf("delta applied as %s, %v; want %s", got, err, v2)
 	}
@@ -189,14 +189,14 @@ func TestRejectedTablesChangeNothing(t *testing.T) {
 			r := newRecorder()
 			a := newAgent(r, nil)
 			run(t, a)
-			if _, err := a.Apply(context.Background(), good); err != nil {
+			if _, err := a.Apply(context.Background(), good, false); err != nil {
 				t.Fatal(err)
 			}
 			r.failSyncs(tc.syncErr)
 			r.mu.Lock()
 			r.saveErr = tc.saveErr
 			r.mu.Unlock()
-			_, err := a.Apply(context.Background(), tc.resp)
+			_, err := a.Apply(context.Background(), tc.resp, false)
 			if err == nil {
 				t.Fatal("accepted a table it must reject")
 			}
@@ -227,7 +227,7 @@ func TestNoTableNoSync(t *testing.T) {
 	// have been programmed: an empty sync would flush the kernel.
 	time.Sleep(100 * time.Millisecond) //nolint:forbidigo // proving an absence needs time to pass
 	resp := snapshot(entry("a", 1, 80))
-	if _, err := a.Apply(context.Background(), resp); err != nil {
+	if _, err := a.Apply(context.Background(), resp, false); err != nil {
 		t.Fatal(err)
 	}
 	if calls := r.log(); calls[0] != "save "+resp.GetSnapshot().GetVersion()+" full=true changed=[]" {
@@ -241,7 +241,7 @@ func TestSyncAfterAFailureIsFull(t *testing.T) {
 	run(t, a)
 	a1, b1 := entry("a", 1, 80), entry("b", 2, 80)
 	first := snapshot(a1, b1)
-	if _, err := a.Apply(context.Background(), first); err != nil {
+	if _, err := a.Apply(context.Background(), first, false); err != nil {
 		t.Fatal(err)
 	}
 	v1 := first.GetSnapshot().GetVersion()
@@ -249,12 +249,12 @@ func TestSyncAfterAFailureIsFull(t *testing.T) {
 		return &pb.SyncResponse{Kind: &pb.SyncResponse_Delta{Delta: &pb.Delta{BaseVersion: v1, Version: version(node, a1, e), Upserts: []*pb.ServiceEntry{e}}}}
 	}
 	r.failSyncs(errors.New("one family failed"))
-	if _, err := a.Apply(context.Background(), delta(entry("b", 5, 81))); err == nil {
+	if _, err := a.Apply(context.Background(), delta(entry("b", 5, 81)), false); err == nil {
 		t.Fatal("want the failed sync reported")
 	}
 	r.failSyncs(nil)
 	b3 := entry("b", 6, 82)
-	if _, err := a.Apply(context.Background(), delta(b3)); err != nil {
+	if _, err := a.Apply(context.Background(), delta(b3), false); err != nil {
 		t.Fatal(err)
 	}
 	calls := r.log()

@@ -95,7 +95,7 @@ func BenchmarkAgentMemory(b *testing.B) {
 				done := make(chan struct{})
 				go func() { defer close(done); _ = a.Run(ctx) }()
 				start := time.Now()
-				if _, err := a.Apply(ctx, resp); err != nil {
+				if _, err := a.Apply(ctx, resp, false); err != nil {
 					b.Fatal(err)
 				}
 				b.ReportMetric(time.Since(start).Seconds(), "s/apply")

@@ -72,7 +72,7 @@ func TestApplyCountsChanges(t *testing.T) {
 	a := newAgent(r, nil)
 	run(t, a)
 	base := entry("a", 1, 80)
-	if _, err := a.Apply(context.Background(), snapshot(base)); err != nil {
+	if _, err := a.Apply(context.Background(), snapshot(base), false); err != nil {
 		t.Fatal(err)
 	}
 	svcBefore, epsBefore := testutil.ToFloat64(metrics.ServiceChangesTotal), testutil.ToFloat64(metrics.EndpointChangesTotal)
@@ -92,7 +92,7 @@ func TestApplyCountsChanges(t *testing.T) {
 		BaseVersion: version(node, base), Version: version(node, moved, added),
 		Upserts: []*pb.ServiceEntry{moved, added},
 	}
-	if _, err := a.Apply(context.Background(), &pb.SyncResponse{Nonce: "2", Kind: &pb.SyncResponse_Delta{Delta: delta}}); err != nil {
+	if _, err := a.Apply(context.Background(), &pb.SyncResponse{Nonce: "2", Kind: &pb.SyncResponse_Delta{Delta: delta}}, false); err != nil {
 		t.Fatal(err)
 	}
 	if got := testutil.ToFloat64(metrics.ServiceChangesTotal) - svcBefore; got != 1 {

@@ -135,7 +135,7 @@ func TestAgentWaitingForItsFirstTableStaysLive(t *testing.T) {
 		t.Errorf("a cached table refused for hours: %+v, want not live", st)
 	}
 	refusing.failSyncs(nil)
-	if _, err := b.Apply(context.Background(), snapshot(entry("b", 2, 80))); err != nil {
+	if _, err := b.Apply(context.Background(), snapshot(entry("b", 2, 80)), false); err != nil {
 		t.Fatal(err)
 	}
 	if st := b.Health().Check(time.Now()); !st.Live || !st.Ready || !st.Healthy {
@@ -156,7 +156,7 @@ func TestUnregisteredNodeIsNotEligible(t *testing.T) {
 	}{{true, false}, {false, true}} {
 		n := &pb.NodeInfo{Name: "node-1", Hash: uint64(200 + i), Unregistered: tc.unregistered}
 		resp := &pb.SyncResponse{Nonce: "n", Kind: &pb.SyncResponse_Snapshot{Snapshot: &pb.Snapshot{Version: version(n), Node: n}}}
-		if _, err := a.Apply(context.Background(), resp); err != nil {
+		if _, err := a.Apply(context.Background(), resp, false); err != nil {
 			t.Fatal(err)
 		}
 		if st := a.Health().Check(time.Now()); st.NodeEligible != tc.eligible || !st.Live {

@@ -73,7 +73,7 @@ func TestKernelRogueServiceCIDRs(t *testing.T) {
 		}
 	}
 
-	if _, err := a.Apply(ctx, snapshot("10.96.0.0/24")); err != nil {
+	if _, err := a.Apply(ctx, snapshot("10.96.0.0/24"), false); err != nil {
 		t.Fatalf("the honest table: %v", err)
 	}
 	good := a.Held().Version
@@ -81,7 +81,7 @@ func TestKernelRogueServiceCIDRs(t *testing.T) {
 	dialsControlPlane("the honest table")
 
 	for _, cidrs := range [][]string{{"0.0.0.0/0"}, {"10.96.0.0/24", "192.168.100.0/24"}} {
-		if _, err := a.Apply(ctx, snapshot(cidrs...)); !errors.Is(err, proxytable.ErrInvalidTable) {
+		if _, err := a.Apply(ctx, snapshot(cidrs...), false); !errors.Is(err, proxytable.ErrInvalidTable) {
 			t.Errorf("service CIDRs %v: %v, want a NACK", cidrs, err)
 		}
 		if v := a.Held().Version; v != good {

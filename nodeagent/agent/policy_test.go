@@ -91,7 +91,7 @@ func TestRogueTablesAreRefused(t *testing.T) {
 	run(t, a)
 	ctx := context.Background()
 	good := honestSnapshot(honestNode(t, nil), honestEntry(t, "web", nil))
-	if _, err := a.Apply(ctx, good); err != nil {
+	if _, err := a.Apply(ctx, good, false); err != nil {
 		t.Fatalf("the honest table was refused: %v", err)
 	}
 	goodVersion := a.Held().Version
@@ -135,28 +135,37 @@ func TestRogueTablesAreRefused(t *testing.T) {
 			return resp
 		}(), "", "node info hash"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			before := len(r.log())
-			_, err := a.Apply(ctx, tc.resp)
-			if !errors.Is(err, proxytable.ErrInvalidTable) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Apply = %v, want an ErrInvalidTable NACK mentioning %q", err, tc.want)
+		// Hashes the client computed or checked from the bytes of a
+		// snapshot (hashesKnown) are not recomputed, but the policy is
+		// still applied to it, and a delta's hashes always are.
+		forgedSnapshot := tc.resp.GetSnapshot() != nil && (tc.want == "content" || tc.want == "node info hash")
+		for _, known := range []bool{false, true} {
+			if known && forgedSnapshot {
+				continue
 			}
-			if tc.wantEntry != "" {
-				if ee := proxytable.EntryErrors(err); len(ee) != 1 || ee[0].GetKey() != tc.wantEntry {
-					t.Errorf("NACK entry errors %v, want one for %s", ee, tc.wantEntry)
+			t.Run(fmt.Sprintf("%s/hashes known %v", tc.name, known), func(t *testing.T) {
+				before := len(r.log())
+				_, err := a.Apply(ctx, tc.resp, known)
+				if !errors.Is(err, proxytable.ErrInvalidTable) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("Apply = %v, want an ErrInvalidTable NACK mentioning %q", err, tc.want)
 				}
-			}
-			if calls := r.log()[before:]; len(calls) > 0 {
-				t.Errorf("the refused table was saved or programmed: %v", calls)
-			}
-			if got := a.Held().Version; got != goodVersion {
-				t.Errorf("table in force %s, want the last good %s", got, goodVersion)
-			}
-		})
+				if tc.wantEntry != "" {
+					if ee := proxytable.EntryErrors(err); len(ee) != 1 || ee[0].GetKey() != tc.wantEntry {
+						t.Errorf("NACK entry errors %v, want one for %s", ee, tc.wantEntry)
+					}
+				}
+				if calls := r.log()[before:]; len(calls) > 0 {
+					t.Errorf("the refused table was saved or programmed: %v", calls)
+				}
+				if got := a.Held().Version; got != goodVersion {
+					t.Errorf("table in force %s, want the last good %s", got, goodVersion)
+				}
+			})
+		}
 	}
 	// And the agent goes on taking good tables.
 	next := honestSnapshot(honestNode(t, nil), honestEntry(t, "web", nil), honestEntry(t, "api", nil))
-	if _, err := a.Apply(ctx, next); err != nil {
+	if _, err := a.Apply(ctx, next, false); err != nil {
 		t.Fatalf("a good table after the refused ones: %v", err)
 	}
 }
@@ -185,7 +194,7 @@ func TestCachedTableBreakingPolicy(t *testing.T) {
 		t.Errorf("holds %s, want nothing", v)
 	}
 	good := honestSnapshot(honestNode(t, nil), honestEntry(t, "web", nil))
-	if _, err := a.Apply(context.Background(), good); err != nil {
+	if _, err := a.Apply(context.Background(), good, false); err != nil {
 		t.Fatalf("a good table: %v", err)
 	}
 	if want := fmt.Sprintf("save %s full=true changed=[]", good.GetSnapshot().GetVersion()); r.log()[0] != want {
@@ -204,7 +213,7 @@ func TestLearnedReplicasAreProtected(t *testing.T) {
 	ctx := context.Background()
 	web := honestEntry(t, "web", func(s *pb.Service) { s.ExternalIps = []string{"198.51.100.7"} })
 	good := honestSnapshot(honestNode(t, nil), web)
-	if _, err := a.Apply(ctx, good); err != nil {
+	if _, err := a.Apply(ctx, good, false); err != nil {
 		t.Fatalf("the honest table was refused: %v", err)
 	}
 	goodVersion := a.Held().Version
@@ -219,7 +228,7 @@ func TestLearnedReplicasAreProtected(t *testing.T) {
 		}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := a.Apply(ctx, tc.resp)
+			_, err := a.Apply(ctx, tc.resp, false)
 			if !errors.Is(err, proxytable.ErrInvalidTable) || !strings.Contains(err.Error(), "control plane") {
 				t.Fatalf("Apply = %v, want a NACK: external IP 198.51.100.7:80 captures a learned replica", err)
 			}

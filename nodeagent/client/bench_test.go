@@ -13,6 +13,7 @@ import (
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 	"github.com/proxyplane/proxyplane/internal/tablehash"
+	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
 
 // bench10k is a response of 10,000 Services (NodePort, 3 endpoints each,
@@ -21,7 +22,14 @@ import (
 // the entries' hashes (zstd_entries) and without (zstd_entries_unhashed).
 func bench10k(b *testing.B) (plain, compressed, unhashed []byte) {
 	b.Helper()
-	snap := &pb.Snapshot{Version: "0000000000000001", Node: &pb.NodeInfo{Name: "node-1", Hash: 1}, ResourceVersion: 12345}
+	node := &pb.NodeInfo{Name: "node-1"}
+	h, err := tablehash.Node(node)
+	if err != nil {
+		b.Fatal(err)
+	}
+	node.Hash = h
+	snap := &pb.Snapshot{Node: node, ResourceVersion: 12345}
+	sum := node.GetHash()
 	var entries, bare []byte
 	var runs, bareRuns [][]byte
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithSingleSegment(true))
@@ -50,6 +58,7 @@ func bench10k(b *testing.B) (plain, compressed, unhashed []byte) {
 			b.Fatal(err)
 		}
 		snap.Entries = append(snap.Entries, e)
+		sum += e.Hash
 		eb, err := proto.Marshal(&pb.Snapshot{Entries: []*pb.ServiceEntry{e}})
 		if err != nil {
 			b.Fatal(err)
@@ -64,6 +73,7 @@ func bench10k(b *testing.B) (plain, compressed, unhashed []byte) {
 	}
 	runs = append(runs, enc.EncodeAll(entries, nil))
 	bareRuns = append(bareRuns, enc.EncodeAll(bare, nil))
+	snap.Version = fmt.Sprintf("%016x", sum)
 	plain, err = proto.Marshal(&pb.SyncResponse{Nonce: "1", Kind: &pb.SyncResponse_Snapshot{Snapshot: snap}})
 	if err != nil {
 		b.Fatal(err)
@@ -145,4 +155,52 @@ func BenchmarkDecode10k(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkReceive10k is what the agent does with a 10,000-Service
+// snapshot from the bytes received to a table it may program: the Sync
+// codec's decode, the table's validation (proxytable.FromSnapshot) and
+// the agent's policy with its hash checks, which recompute by re-encoding
+// every hash the control plane gave and none the client computed or
+// checked from the bytes (response.hashesKnown).
+func BenchmarkReceive10k(b *testing.B) {
+	plain, compressed, unhashed := bench10k(b)
+	codec := syncCodec(64 << 20)
+	policy := &proxytable.Policy{}
+	for _, tc := range []struct {
+		name    string
+		msg     []byte
+		known   bool
+		recheck bool // recompute the known hashes all the same
+	}{
+		{"plain", plain, false, false},
+		{"zstd", compressed, false, false},
+		{"zstd-unhashed", unhashed, true, false},
+		{"zstd-unhashed-rechecked", unhashed, true, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			data := asReceived(tc.msg)
+			for b.Loop() {
+				var r response
+				if err := codec.Unmarshal(data, &r); err != nil || r.err != nil {
+					b.Fatal(err, r.err)
+				}
+				if r.hashesKnown != tc.known {
+					b.Fatalf("hashes known = %v, want %v", r.hashesKnown, tc.known)
+				}
+				t, err := proxytable.FromSnapshot(r.msg.GetSnapshot())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r.hashesKnown && !tc.recheck {
+					err = policy.CheckVerified(t)
+				} else {
+					err = policy.Check(t, nil)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -36,8 +36,9 @@ type Applier interface {
 	Held() *proxytable.Table
 	// Apply applies a Snapshot or Delta response and returns the version
 	// in force; an error means the response was rejected and nothing
-	// changed.
-	Apply(ctx context.Context, resp *pb.SyncResponse) (string, error)
+	// changed. hashesKnown says that every hash of a snapshot was
+	// computed from, or checked against, the bytes it was decoded from.
+	Apply(ctx context.Context, resp *pb.SyncResponse, hashesKnown bool) (string, error)
 }
 
 // Options configures the client.
@@ -349,7 +350,7 @@ func session(ctx context.Context, o Options, addr string, a Applier, watch func(
 				// say so, and start over on a new one.
 				return established, s.leave(s.nackUndecodable(resp, log), recvErr)
 			}
-			err := s.answer(ctx, a, resp.msg, log)
+			err := s.answer(ctx, a, resp, log)
 			// A long apply is not silence: the receive goroutine answered
 			// keepalives meanwhile.
 			silence.Reset(o.SilenceTimeout)
@@ -443,9 +444,10 @@ func (s *syncStream) leave(err error, ended <-chan error) error {
 const leaveTimeout = 2 * time.Second
 
 // answer applies a table response and ACKs or NACKs it.
-func (s *syncStream) answer(ctx context.Context, a Applier, resp *pb.SyncResponse, log *slog.Logger) error {
+func (s *syncStream) answer(ctx context.Context, a Applier, r *response, log *slog.Logger) error {
+	resp := r.msg
 	version := proxytable.ResponseVersion(resp)
-	applied, err := a.Apply(ctx, resp)
+	applied, err := a.Apply(ctx, resp, r.hashesKnown)
 	if err != nil {
 		metrics.NacksTotal.Inc()
 		log.Error("rejecting table; previous rules stay in force", "version", version, "err", err)

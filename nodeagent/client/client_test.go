@@ -103,7 +103,7 @@ type fakeApplier struct {
 }
 
 func (a *fakeApplier) Held() *proxytable.Table { return a.held }
-func (a *fakeApplier) Apply(ctx context.Context, r *pb.SyncResponse) (string, error) {
+func (a *fakeApplier) Apply(ctx context.Context, r *pb.SyncResponse, _ bool) (string, error) {
 	if a.block != nil {
 		select {
 		case <-a.block:

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
+	"github.com/proxyplane/proxyplane/internal/tablehash"
 )
 
 // response is a Sync response as received: decoded, or the reason it
@@ -19,6 +20,10 @@ type response struct {
 	// response's nonce when its top level could be read.
 	err   error
 	nonce string
+	// hashesKnown is set for a snapshot every hash of which was computed
+	// from the bytes received (runs without hashes) or checked against
+	// them: the agent need not re-encode its entries to check them.
+	hashesKnown bool
 }
 
 // responseCodec decodes Sync responses into a *response itself, so that
@@ -52,7 +57,7 @@ func (c responseCodec) Unmarshal(data mem.BufferSlice, v any) error {
 			buf.Free()
 		}
 	}()
-	plain, err := Inflate(buf.ReadOnlyData(), c.maxBytes)
+	plain, origins, err := inflate(buf.ReadOnlyData(), c.maxBytes)
 	if err != nil {
 		r.err, r.nonce = fmt.Errorf("undecodable response: %w", err), topLevelNonce(buf.ReadOnlyData())
 		return nil
@@ -66,8 +71,38 @@ func (c responseCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	r.msg = &pb.SyncResponse{}
 	if err := proto.Unmarshal(plain, r.msg); err != nil {
 		r.msg, r.err, r.nonce = nil, fmt.Errorf("undecodable response: %w", err), topLevelNonce(plain)
+		return nil
 	}
+	r.hashesKnown = origins.ownHashes() && verifyGiven(r.msg.GetSnapshot(), origins)
 	return nil
+}
+
+// verifyGiven reports whether the hashes of snap that its control plane
+// gave, the node's and those of the entries origins lists, are their
+// content's, and origins counted every entry. The hashes of the rest,
+// which came without, were computed from the very bytes their entries
+// were decoded from: recomputing them by re-encoding would check only
+// that the control plane's encoding is Go's deterministic one, and it is
+// most of the cost of receiving a snapshot. When it reports false the
+// agent checks every hash itself, and names what is wrong.
+func verifyGiven(snap *pb.Snapshot, origins hashOrigins) bool {
+	entries := snap.GetEntries()
+	if len(entries) != origins.entries {
+		return false
+	}
+	if snap.GetNode() == nil {
+		return false
+	}
+	if h, err := tablehash.Node(snap.GetNode()); err != nil || h != snap.GetNode().GetHash() {
+		return false
+	}
+	for _, i := range origins.given {
+		e := entries[i]
+		if h, err := tablehash.Entry(e.GetKey(), e.GetService()); err != nil || h != e.GetHash() {
+			return false
+		}
+	}
+	return true
 }
 
 // nonceField is SyncResponse.nonce's number, from the generated

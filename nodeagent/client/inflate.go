@@ -76,9 +76,33 @@ var errInflatedTooLarge = errors.New("compressed entries inflate beyond the resp
 // without put in, or msg itself when it holds none. The result is at most
 // limit bytes; an error means msg is refused.
 func Inflate(msg []byte, limit int) ([]byte, error) {
+	out, _, err := inflate(msg, limit)
+	return out, err
+}
+
+// hashOrigins says which of an inflated snapshot's entries, numbered in
+// the order Snapshot.entries decodes them, have hashes Inflate computed
+// from the bytes received and which came with the control plane's.
+type hashOrigins struct {
+	entries  int   // every entry
+	computed int   // those whose hashes were computed
+	given    []int // the indices of those that came with a hash
+}
+
+// ownHashes reports whether every hash of the snapshot o describes is
+// known from the bytes received: some were computed, and the rest can be
+// checked (verifyGiven) instead of all of them re-encoded.
+func (o hashOrigins) ownHashes() bool { return o.computed > 0 }
+
+// inflate is Inflate, and where the hashes of the snapshot's entries come
+// from when it has compressed runs (the zero hashOrigins otherwise). Two
+// snapshot fields decode merged, their entries in order: they are
+// counted on.
+func inflate(msg []byte, limit int) ([]byte, hashOrigins, error) {
+	var origins hashOrigins
 	snap, ok := snapshotOf(msg)
 	if !ok || !hasField(snap, zstdEntriesField) && !hasField(snap, unhashedField) {
-		return msg, nil
+		return msg, origins, nil
 	}
 	// The inflated size: every field as it is, every frame as the
 	// content size it declares, within limit; entries that come without
@@ -87,7 +111,7 @@ func Inflate(msg []byte, limit int) ([]byte, error) {
 	// grows if it needs more, never past limit.
 	size, unhashed, err := inflatedSize(msg, limit)
 	if err != nil {
-		return nil, err
+		return nil, origins, err
 	}
 	// A snapshot's length is known once it is inflated: room is left for
 	// the longest one within limit, and what comes before the snapshot
@@ -108,8 +132,8 @@ func Inflate(msg []byte, limit int) ([]byte, error) {
 		out = protowire.AppendTag(out, snapshotField, protowire.BytesType)
 		at := len(out)
 		out = append(out, make([]byte, lenRoom)...)
-		if out, err = inflateInto(out, v, limit+lenRoom); err != nil {
-			return nil, err
+		if out, err = inflateInto(out, v, limit+lenRoom, &origins); err != nil {
+			return nil, hashOrigins{}, err
 		}
 		inner := uint64(len(out) - at - lenRoom)
 		gap := lenRoom - protowire.SizeVarint(inner)
@@ -118,9 +142,9 @@ func Inflate(msg []byte, limit int) ([]byte, error) {
 		out = out[gap:]
 	}
 	if len(out) > limit {
-		return nil, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
+		return nil, hashOrigins{}, fmt.Errorf("%w (%d bytes)", errInflatedTooLarge, limit)
 	}
-	return out, nil
+	return out, origins, nil
 }
 
 // snapshotOf returns the content of msg's last snapshot field, and whether
@@ -241,11 +265,11 @@ func contentSize(frame []byte, limit int) (int, error) {
 }
 
 // inflateInto appends the encoded Snapshot b to out with its frames
-// inflated in place, and hashes put in the entries of unhashed ones; an
-// error when out would grow past most. The frames' declared sizes were
-// checked by snapshotSize: the decoder writes only into what is allocated
-// for them.
-func inflateInto(out, b []byte, most int) ([]byte, error) {
+// inflated in place, and hashes put in the entries of unhashed ones,
+// counting its entries in origins; an error when out would grow past
+// most. The frames' declared sizes were checked by snapshotSize: the
+// decoder writes only into what is allocated for them.
+func inflateInto(out, b []byte, most int, origins *hashOrigins) ([]byte, error) {
 	// An unhashed frame's content, before its hashes: one buffer for
 	// the largest.
 	scratch := make([]byte, 0, largestUnhashed(b, most))
@@ -255,6 +279,10 @@ func inflateInto(out, b []byte, most int) ([]byte, error) {
 		field := b[:n+m]
 		b = b[n+m:]
 		if (num != zstdEntriesField && num != unhashedField) || typ != protowire.BytesType {
+			if num == entriesField && typ == protowire.BytesType {
+				origins.given = append(origins.given, origins.entries)
+				origins.entries++
+			}
 			out = append(out, field...)
 			continue
 		}
@@ -265,9 +293,11 @@ func inflateInto(out, b []byte, most int) ([]byte, error) {
 			if out, err = reserve(out, want, most); err != nil {
 				return nil, err
 			}
-			if _, err := decodeFrame(frame, out[len(out):len(out):len(out)+want]); err != nil {
+			run, err := decodeFrame(frame, out[len(out):len(out):len(out)+want])
+			if err != nil {
 				return nil, err
 			}
+			origins.countGiven(run)
 			out = out[:len(out)+want]
 			continue
 		}
@@ -283,11 +313,35 @@ func inflateInto(out, b []byte, most int) ([]byte, error) {
 		if out, err = reserve(out, hashed, most); err != nil {
 			return nil, err
 		}
-		if out, err = appendHashed(out, content); err != nil {
+		var computed int
+		if out, computed, err = appendHashed(out, content); err != nil {
 			return nil, err
 		}
+		origins.entries += computed
+		origins.computed += computed
 	}
 	return out, nil
+}
+
+// countGiven counts the entries of a run that came with their hashes,
+// Snapshot fields as encoded; what is not an entry is left for decoding
+// to judge.
+func (o *hashOrigins) countGiven(run []byte) {
+	for len(run) > 0 {
+		num, typ, n := protowire.ConsumeTag(run)
+		if n < 0 {
+			return
+		}
+		m := protowire.ConsumeFieldValue(num, typ, run[n:])
+		if m < 0 {
+			return
+		}
+		if num == entriesField {
+			o.given = append(o.given, o.entries)
+			o.entries++
+		}
+		run = run[n+m:]
+	}
 }
 
 // largestUnhashed is the largest content size an unhashed frame of the
@@ -368,20 +422,22 @@ var hashSize = protowire.SizeTag(entryHashField) + protowire.SizeFixed64()
 // appendHashed appends the Snapshot.entries fields b, which come without
 // their hashes and which hashedSize found to be only entries, to out with
 // each entry's hash computed from its key and encoded service and put in
-// after its key, as the control plane encodes an entry; an error when an
+// after its key, as the control plane encodes an entry, and how many
+// entries it appended; an error when an
 // entry carries a hash, names its key or service twice, or does not parse.
-func appendHashed(out, b []byte) ([]byte, error) {
-	for len(b) > 0 {
+func appendHashed(out, b []byte) ([]byte, int, error) {
+	entries := 0
+	for ; len(b) > 0; entries++ {
 		_, _, n := protowire.ConsumeTag(b)
 		e, m := protowire.ConsumeBytes(b[n:])
 		b = b[n+m:]
 		key, svc, at, err := entryParts(e)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		h, err := tablehash.EncodedEntry(key, svc)
 		if err != nil {
-			return nil, fmt.Errorf("compressed entries: %w", err)
+			return nil, 0, fmt.Errorf("compressed entries: %w", err)
 		}
 		out = protowire.AppendTag(out, entriesField, protowire.BytesType)
 		out = protowire.AppendVarint(out, uint64(len(e)+hashSize))
@@ -390,7 +446,7 @@ func appendHashed(out, b []byte) ([]byte, error) {
 		out = protowire.AppendFixed64(out, h)
 		out = append(out, e[at:]...)
 	}
-	return out, nil
+	return out, entries, nil
 }
 
 // entryParts returns the key and encoded service of the encoded

@@ -179,6 +179,70 @@ func TestInflateUnhashed(t *testing.T) {
 	}
 }
 
+// TestHashesKnownOnlyWhenAllAreOwn checks when the Sync codec tells the
+// agent that a snapshot's hashes need no recomputing: only when some came
+// without hashes (computed from the bytes received) and every hash given,
+// the node's, a plain entry's and a hashed run's, is its content's. A
+// forged hash given beside runs without hashes must leave the agent to
+// recompute them all, which refuses it by name.
+func TestHashesKnownOnlyWhenAllAreOwn(t *testing.T) {
+	node := &pb.NodeInfo{Name: "node-1"}
+	h, err := tablehash.Node(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Hash = h
+	forged := func(e *pb.ServiceEntry) *pb.ServiceEntry { e.Hash++; return e }
+	snapshot := func(node *pb.NodeInfo, plain, hashedRun, unhashedRun *pb.ServiceEntry) *pb.Snapshot {
+		s := &pb.Snapshot{Version: "00000000000000ff", Node: node, Entries: []*pb.ServiceEntry{plain}}
+		if hashedRun != nil {
+			s.ZstdEntries = [][]byte{compress(t, encodedEntries(t, hashedRun))}
+		}
+		if unhashedRun != nil {
+			s.ZstdEntriesUnhashed = [][]byte{compress(t, unhashedEntries(t, unhashedRun, hashedEntry(t, "e")))}
+		}
+		return s
+	}
+	otherNode := proto.CloneOf(node)
+	otherNode.Name = "node-2" // its hash is node-1's
+	for _, tc := range []struct {
+		name string
+		snap *pb.Snapshot
+		want bool
+	}{
+		{"own and right", snapshot(node, hashedEntry(t, "a"), hashedEntry(t, "b"), hashedEntry(t, "c")), true},
+		{"a forged plain entry", snapshot(node, forged(hashedEntry(t, "a")), hashedEntry(t, "b"), hashedEntry(t, "c")), false},
+		{"a forged entry of a hashed run", snapshot(node, hashedEntry(t, "a"), forged(hashedEntry(t, "b")), hashedEntry(t, "c")), false},
+		{"a forged node hash", snapshot(otherNode, hashedEntry(t, "a"), hashedEntry(t, "b"), hashedEntry(t, "c")), false},
+		{"no run without hashes", snapshot(node, hashedEntry(t, "a"), hashedEntry(t, "b"), nil), false},
+		{"plain", snapshot(node, hashedEntry(t, "a"), nil, nil), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg, err := proto.Marshal(&pb.SyncResponse{Nonce: "n1", Kind: &pb.SyncResponse_Snapshot{Snapshot: tc.snap}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r response
+			if err := syncCodec(1<<20).Unmarshal(asReceived(msg), &r); err != nil || r.err != nil {
+				t.Fatalf("decoding: %v, %v", err, r.err)
+			}
+			if r.hashesKnown != tc.want {
+				t.Errorf("hashes known = %v, want %v", r.hashesKnown, tc.want)
+			}
+			// Known or not, each hash the agent holds for an entry that came
+			// without one is its content's.
+			for _, e := range r.msg.GetSnapshot().GetEntries() {
+				if e.GetKey() != "default/e" {
+					continue
+				}
+				if want, _ := tablehash.Entry(e.GetKey(), e.GetService()); e.GetHash() != want {
+					t.Errorf("entry %s: computed hash %016x, want %016x", e.GetKey(), e.GetHash(), want)
+				}
+			}
+		})
+	}
+}
+
 // TestInflateUnhashedRefusesOthers checks that an unhashed run holding
 // anything but entries without hashes is refused: an entry that carries
 // one, or names its key twice (decoding would keep the last, hashed would
@@ -305,7 +369,7 @@ func (a *tableApplier) Held() *proxytable.Table {
 	return a.held
 }
 
-func (a *tableApplier) Apply(_ context.Context, r *pb.SyncResponse) (string, error) {
+func (a *tableApplier) Apply(_ context.Context, r *pb.SyncResponse, _ bool) (string, error) {
 	t, err := proxytable.FromSnapshot(r.GetSnapshot())
 	if err != nil {
 		return "", err

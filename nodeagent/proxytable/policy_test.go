@@ -145,3 +145,28 @@ func TestVerifyHashes(t *testing.T) {
 		t.Errorf("CheckVerified = %v, want the policy applied", err)
 	}
 }
+
+// TestCheckNamesEntriesInKeyOrder checks that a whole table's refusal
+// lists its entries' errors by key, whatever the order in which they were
+// checked: a NACK names the same entries in the same order every time.
+func TestCheckNamesEntriesInKeyOrder(t *testing.T) {
+	var entries []*pb.ServiceEntry
+	for i := range 20 {
+		entries = append(entries, entry(fmt.Sprintf("web-%02d", i), 0, func(s *pb.Service) { s.Ports[0].NodePort = 22 }))
+	}
+	tb := honest(t, &pb.NodeInfo{Name: "node-1"}, entries...)
+	for _, check := range []func(*Table) error{
+		func(tb *Table) error { return (&Policy{}).Check(tb, nil) },
+		(&Policy{}).CheckVerified,
+	} {
+		ee := EntryErrors(check(tb))
+		if len(ee) != len(entries) {
+			t.Fatalf("%d entry errors, want %d", len(ee), len(entries))
+		}
+		for i, e := range ee {
+			if want := entries[i].GetKey(); e.GetKey() != want {
+				t.Fatalf("entry error %d names %s, want %s", i, e.GetKey(), want)
+			}
+		}
+	}
+}

@@ -39,7 +39,7 @@ func (h *harness) coldStart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	heap := sampleHeap(ctx, h.cp)
+	heap := sampleHeap(ctx, h.cp, h.o.HeapSample)
 	cpu0 := h.m.cpu()
 	if err := post(ctx, fmt.Sprintf("%s/start?spread=%s", h.agentsURL, h.o.Spread)); err != nil {
 		return err
@@ -70,6 +70,7 @@ func (h *harness) idle(ctx context.Context) error {
 	if h.o.Idle == 0 {
 		return nil
 	}
+	prof := h.profileIdle(ctx)
 	cpu0 := h.m.cpu()
 	t0 := time.Now()
 	// A measurement window, not a wait for a condition.
@@ -80,7 +81,26 @@ func (h *harness) idle(ctx context.Context) error {
 	}
 	cpu := h.m.since(cpu0)
 	h.res.Idle = time.Duration(float64(cpu[pControlPlane]) / time.Since(t0).Seconds())
+	if err := prof(); err != nil {
+		log.Printf("idle profile: %v", err)
+	}
 	return nil
+}
+
+// profileIdle starts the idle window's CPU profile (--profile, an idle
+// window of at least a second) into Profile.idle.cpu, for the window's
+// whole seconds up to maxProfile, and returns the function that waits
+// for it.
+func (h *harness) profileIdle(ctx context.Context) func() error {
+	secs := int(min(h.o.Idle, maxProfile) / time.Second)
+	if h.o.Profile == "" || secs < 1 {
+		return func() error { return nil }
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- h.cp.profile(ctx, "profile", fmt.Sprintf("seconds=%d", secs), h.o.Profile+".idle.cpu")
+	}()
+	return func() error { return <-done }
 }
 
 // maxProfile bounds the CPU profile: the control plane's HTTP server
@@ -139,7 +159,7 @@ func (h *harness) steady(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	heap := sampleHeap(ctx, h.cp)
+	heap := sampleHeap(ctx, h.cp, h.o.HeapSample)
 	prof := h.profileSteady(ctx)
 	cpu0 := h.m.cpu()
 	t0 := time.Now()
@@ -258,7 +278,7 @@ func (h *harness) restart(ctx context.Context) error {
 	f.Ready = time.Since(tStart)
 	tReady := time.Now()
 	h.m.set(pControlPlane, h.cp.pid())
-	heap := sampleHeap(ctx, h.cp)
+	heap := sampleHeap(ctx, h.cp, h.o.HeapSample)
 	prof := h.profileRestart(ctx)
 	defer func() {
 		if perr := prof(); perr != nil {

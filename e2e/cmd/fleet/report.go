@@ -40,7 +40,7 @@ func printTable(w io.Writer, r *Results) {
 	n := float64(max(s.Nodes, 1))
 	t.row("cold start", "every agent holding a valid table", "**"+dur(c.AllValid)+"**")
 	t.row("cold start", "control plane CPU; per agent", fmt.Sprintf("%s; **%s**", dur(c.CPU[pControlPlane]), us(float64(c.CPU[pControlPlane])/n)))
-	t.row("cold start", "control plane peak RSS; peak heap (sampled)", fmt.Sprintf("**%s**; %s", mib(c.Mem.PeakRSS), mib(c.Mem.PeakHeap)))
+	t.row("cold start", "control plane peak RSS; peak heap (sampled "+heapSample(s.HeapSample)+")", fmt.Sprintf("**%s**; %s", mib(c.Mem.PeakRSS), mib(c.Mem.PeakHeap)))
 	t.row("cold start", "control plane RSS; heap, after", fmt.Sprintf("%s; %s", mib(c.Mem.RSS), mib(c.Mem.Heap)))
 	t.row("cold start", "snapshot bytes; per agent", fmt.Sprintf("%s; %s", mib(c.Agents.SnapshotBytes), kib(float64(c.Agents.SnapshotBytes)/n)))
 	t.row("cold start", "snapshots, deltas, NACKs, reconnects", fmt.Sprintf("%d, %d, %d, %d", c.Agents.Snapshots, c.Agents.Deltas, c.Agents.Nacks, c.Agents.Reconnects))
@@ -299,4 +299,12 @@ func thousands(n int) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// heapSample says how often the heap was scraped for its peak.
+func heapSample(d time.Duration) string {
+	if d <= 0 {
+		return "at the phase's end"
+	}
+	return "every " + d.String()
 }

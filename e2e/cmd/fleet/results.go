@@ -57,6 +57,8 @@ type sizes struct {
 	Hinted, Local, LoadBalancers   int
 	Changes, PeerSets, PeerChanges int
 	Pace                           time.Duration
+	// HeapSample is Options.HeapSample.
+	HeapSample time.Duration
 }
 
 type startFigures struct {

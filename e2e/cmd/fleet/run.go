@@ -142,7 +142,7 @@ func (h *harness) setup(ctx context.Context) error {
 	h.res.Sizes = sizes{
 		Nodes: o.Nodes, Services: o.Services, EndpointsPer: o.EndpointsPer,
 		Hinted: len(h.w.byClass[hinted]), Local: len(h.w.byClass[local]), LoadBalancers: (len(h.w.byClass[local]) + 1) / 2,
-		Changes: o.Changes, Pace: o.Pace,
+		Changes: o.Changes, Pace: o.Pace, HeapSample: o.HeapSample,
 	}
 	if o.Peer {
 		h.res.Sizes.PeerSets, h.res.Sizes.PeerChanges = o.PeerSets, o.PeerChanges

@@ -42,12 +42,19 @@ type proxyplaneResult struct {
 	// Added are partial syncs adding one Service (each removed again, not
 	// timed).
 	Added []time.Duration `json:"added"`
+	// Resync are full syncs of the table in force by the same Dataplane,
+	// after the partial ones: what the agent does every sync period.
+	Resync []time.Duration `json:"resync"`
 	// PeakRSS is the child's peak resident memory (VmHWM) once the syncs
 	// are done, before the listing and the floors: a process holding the
 	// node's table and the Dataplane, as the agent does. HeapInuse is its
 	// Go heap then, after a collection.
 	PeakRSS   uint64 `json:"peakRSS"`
 	HeapInuse uint64 `json:"heapInuse"`
+	// TableRSS is the child's resident memory (VmRSS) holding the table,
+	// before the first sync: its own baseline (the binary, the runtime,
+	// the table and what building it left), which PeakRSS includes.
+	TableRSS uint64 `json:"tableRSS"`
 	// Floor is the same ruleset as the kernel tools' text (nftables: the
 	// Dataplane's Ruleset; iptables: iptables-save of what it programmed),
 	// loaded by nft -f or iptables-restore into the namespace without it.
@@ -140,7 +147,8 @@ type syncer interface {
 // agentSyncs runs the agent's part on world w: o.Reps full syncs of a new
 // Dataplane each (newDP) from empty (clear), then o.Partials endpoint
 // changes and o.Partials Services added and removed, all checked to be
-// partial syncs (counted by observe's counts). It records the process's
+// partial syncs (counted by observe's counts), then o.Reps full syncs of
+// the table in force by the same Dataplane. It records the process's
 // peak memory then, and returns the last Dataplane and the table in force.
 func agentSyncs(ctx context.Context, o *Options, w world, res *proxyplaneResult, label string,
 	newDP func() (syncer, error), clear func() error, counts *syncCounts,
@@ -149,6 +157,9 @@ func agentSyncs(ctx context.Context, o *Options, w world, res *proxyplaneResult,
 	tbl, err := ppTable(node, w)
 	if err != nil {
 		return nil, nil, err
+	}
+	if m, err := procStatus(os.Getpid()); err == nil {
+		res.TableRSS = m.rss
 	}
 	if o.Profile != "" {
 		stop, err := profile(o.Profile)
@@ -214,6 +225,14 @@ func agentSyncs(ctx context.Context, o *Options, w world, res *proxyplaneResult,
 		}
 	}
 	log.Printf("proxyplane %s at %s: one-Service-added partial syncs %v", label, w, roundAll(res.Added))
+	for range o.Reps {
+		start := time.Now()
+		if err := d.Sync(ctx, cur, nil, true); err != nil {
+			return nil, nil, err
+		}
+		res.Resync = append(res.Resync, time.Since(start))
+	}
+	log.Printf("proxyplane %s at %s: full syncs of the table in force %v", label, w, roundAll(res.Resync))
 	if want := 3 * o.Partials; counts.partials != want || counts.failures != 0 {
 		return nil, nil, fmt.Errorf("%d partial syncs and %d failures, want %d and none", counts.partials, counts.failures, want)
 	}
@@ -224,7 +243,7 @@ func agentSyncs(ctx context.Context, o *Options, w world, res *proxyplaneResult,
 	if m, err := procStatus(os.Getpid()); err == nil {
 		res.PeakRSS = m.hwm
 	}
-	log.Printf("proxyplane %s at %s: peak RSS %d MiB, heap in use %d MiB", label, w, res.PeakRSS>>20, res.HeapInuse>>20)
+	log.Printf("proxyplane %s at %s: peak RSS %d MiB, heap in use %d MiB, RSS with the table before the syncs %d MiB", label, w, res.PeakRSS>>20, res.HeapInuse>>20, res.TableRSS>>20)
 	return d, cur, nil
 }
 

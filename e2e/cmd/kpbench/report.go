@@ -94,8 +94,8 @@ func printDetails(w io.Writer, rows []row) {
 		_, _ = fmt.Fprintf(w, "  upstream: full %s; process start to full sync seen (or given up) %s; one endpoint %s; one Service added %s; RSS %s, peak %s\n",
 			roundAll(r.upFull()), roundAll(ready), roundAll(u.partial), roundAll(u.added), mib(u.rss), mib(u.peakRSS))
 		_, _ = fmt.Fprintf(w, "            ruleset %d bytes as listed, %d %s; through the tool %s\n", u.dumpBytes, u.elements, what, ms(u.floor))
-		_, _ = fmt.Fprintf(w, "  proxyplane: full %s; one endpoint %s; one Service added %s; peak RSS %s, heap in use %s\n",
-			roundAll(r.pp.Full), roundAll(r.pp.Partial), roundAll(r.pp.Added), mib(r.pp.PeakRSS), mib(r.pp.HeapInuse))
+		_, _ = fmt.Fprintf(w, "  proxyplane: full %s; one endpoint %s; one Service added %s; full again (periodic) %s; peak RSS %s, heap in use %s, RSS with the table before the syncs %s\n",
+			roundAll(r.pp.Full), roundAll(r.pp.Partial), roundAll(r.pp.Added), roundAll(r.pp.Resync), mib(r.pp.PeakRSS), mib(r.pp.HeapInuse), mib(r.pp.TableRSS))
 		_, _ = fmt.Fprintf(w, "            ruleset %d bytes as text, %d %s; through the tool %s\n", r.pp.TextBytes, r.pp.Elements, what, roundAll(r.pp.Floor))
 		if r.pp.Backend != "" {
 			_, _ = fmt.Fprintf(w, "            iptables backend %s\n", r.pp.Backend)

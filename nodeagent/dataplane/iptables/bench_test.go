@@ -114,7 +114,7 @@ func benchOne(b *testing.B, backend xtables.Backend, n, reps int) benchRow {
 	p.backend = backend
 	var full, floor, rend []time.Duration
 	for range reps {
-		var rs *ruleset
+		var rs rendered
 		rend = append(rend, timed(func() error {
 			rs = render(&renderInput{table: tbl, params: p, full: true, prev: d.b.state, refreshJumps: true})
 			return nil

@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane"
-	"github.com/proxyplane/proxyplane/nodeagent/dataplane/tool"
 	"github.com/proxyplane/proxyplane/nodeagent/dataplane/xtables"
 	"github.com/proxyplane/proxyplane/nodeagent/proxytable"
 )
@@ -182,11 +182,10 @@ func (e *engine) Full(ctx context.Context, t *proxytable.Table) error {
 // known.
 func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []string) error {
 	in := &renderInput{table: t, params: e.params, full: true, prev: e.state, refreshJumps: e.jumpsOK, existing: existing}
-	rs := render(in)
+	rs := newRuleset(in)
 	e.rules = rs.counts()
-	if err := e.restore(ctx, rs); err != nil {
-		var re *xtables.RestoreError
-		if in.refreshJumps && errors.As(err, &re) && rs.owners.owner(re.Line) == ownerJumps {
+	if owner, err := e.restore(ctx, rs); err != nil {
+		if in.refreshJumps && owner == ownerJumps {
 			// A jump is gone (a firewall reload flushed a built-in
 			// chain): restore without the jumps, then install them one
 			// by one. nat may hold the failed input's chains if only
@@ -194,7 +193,7 @@ func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []strin
 			e.jumpsOK = false
 			e.repaired = fmt.Sprintf("%v: a jump from a built-in chain was gone", e.cfg.Family)
 			for _, s := range rs.next.services {
-				existing = append(existing, s.chains...)
+				existing = slices.AppendSeq(existing, s.chainNames())
 			}
 			return e.full(ctx, t, existing)
 		}
@@ -213,9 +212,9 @@ func (e *engine) full(ctx context.Context, t *proxytable.Table, existing []strin
 // Partial implements dataplane.Backend: it rewrites the changed
 // Services' chains and edits the dispatch chains in place.
 func (e *engine) Partial(ctx context.Context, t *proxytable.Table, changed []string) error {
-	rs := render(&renderInput{table: t, params: e.params, changed: changed, prev: e.state})
+	rs := newRuleset(&renderInput{table: t, params: e.params, changed: changed, prev: e.state})
 	e.rules = rs.counts()
-	if err := e.restore(ctx, rs); err != nil {
+	if _, err := e.restore(ctx, rs); err != nil {
 		return err
 	}
 	e.state = rs.next
@@ -227,18 +226,26 @@ func (e *engine) Forget() { e.state = nil }
 
 // restore applies rs, if it holds anything. --noflush: the tables hold
 // other programs' rules; only the chains the input declares are flushed
-// and rewritten. A RestoreError comes back naming the failing rule and
-// the Service that wrote it.
-func (e *engine) restore(ctx context.Context, rs *ruleset) error {
-	if len(rs.data) == 0 {
-		return nil
+// and rewritten. The input is written to iptables-restore as it is
+// rendered. A RestoreError comes back naming the failing rule and the
+// Service that wrote it, found by rendering the input again up to that
+// line; owner is that line's owner as the ruleset knows it (ownerJumps
+// for a jump).
+func (e *engine) restore(ctx context.Context, rs *ruleset) (owner string, err error) {
+	if rs.empty() {
+		return "", nil
 	}
-	err := e.r.Restore(ctx, rs.data, "--noflush")
+	err = xtables.RestoreFrom(ctx, e.r, rs, "--noflush")
 	var re *xtables.RestoreError
 	if errors.As(err, &re) && re.Line > 0 {
-		if re.Key = rs.owners.owner(re.Line); re.Key == ownerJumps {
+		var text string
+		var ok bool
+		if owner, text, ok = rs.locate(re.Line); ok {
+			re.Rule = text
+		}
+		if re.Key = owner; re.Key == ownerJumps {
 			re.Key = ""
 		}
 	}
-	return tool.WithRule(err, rs.data)
+	return owner, err
 }

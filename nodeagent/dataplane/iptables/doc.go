@@ -7,7 +7,10 @@
 //
 //   - plan.go and render.go turn a proxytable.Table into iptables-restore
 //     input, with the per-port decisions of package plan. They are pure:
-//     no I/O, no goroutines, deterministic output.
+//     no I/O, no goroutines, deterministic output. The input is planned
+//     first and then written (to iptables-restore's stdin) Service by
+//     Service, never whole in memory (README.md, "Writing the input as
+//     it is rendered").
 //   - package xtables runs the tools (iptables-restore, iptables-save,
 //     iptables) behind its small Runner interface, and chooses between
 //     the legacy and nft backends as kube-proxy's iptables-wrapper does;

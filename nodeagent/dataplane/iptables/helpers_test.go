@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -74,8 +75,24 @@ func (f *fakeSysctls) Set(_ context.Context, name, value string) error {
 	return nil
 }
 
+// rendered is a ruleset with its input written out whole.
+type rendered struct {
+	*ruleset
+	data []byte
+}
+
+// render plans in and writes its input whole.
+func render(in *renderInput) rendered {
+	rs := newRuleset(in)
+	var b bytes.Buffer
+	if _, err := rs.WriteTo(&b); err != nil {
+		panic(fmt.Sprintf("writing the input: %v", err))
+	}
+	return rendered{ruleset: rs, data: b.Bytes()}
+}
+
 // renderFull renders t as a full sync would on an empty kernel.
-func renderFull(t *proxytable.Table, cfg Config) *ruleset {
+func renderFull(t *proxytable.Table, cfg Config) rendered {
 	return render(&renderInput{table: t, params: newParams(&cfg, t.Node), full: true})
 }
 

@@ -1,6 +1,10 @@
 package iptables
 
-import "sort"
+import (
+	"bufio"
+	"bytes"
+	"io"
+)
 
 // lineBuffer accumulates iptables-restore lines and remembers which Service
 // wrote which lines, so that a restore error's line number can name the
@@ -72,42 +76,113 @@ func (l *lineBuffer) truncate(m bufMark) {
 
 type bufMark struct{ bytes, lines, spans int }
 
-// assembler concatenates buffers into restore input and keeps the line
-// ownership, now absolute (1-based, as iptables-restore reports lines).
-type assembler struct {
-	b     []byte
-	lines int
-	spans []span
+// restoreWriter receives restore input as a ruleset writes it, buffered,
+// and counts its lines. To locate a failing line it keeps that line's
+// text and owner (the Service that wrote it) instead: the input is never
+// kept whole. After a write error it writes nothing more.
+type restoreWriter struct {
+	w     *bufio.Writer
+	n     int64
+	err   error
+	lines int // written so far
+	// find is the 1-based line to keep; 0 for none.
+	find                int
+	found               bool
+	foundKey, foundText string
 }
 
-func (a *assembler) raw(s string) {
-	a.b = append(a.b, s...)
-	a.b = append(a.b, '\n')
-	a.lines++
-	a.spans = append(a.spans, span{line: a.lines, key: ""})
+func newRestoreWriter(w io.Writer, find int) *restoreWriter {
+	return &restoreWriter{w: bufio.NewWriterSize(w, 64<<10), find: find}
 }
 
-func (a *assembler) add(l *lineBuffer) {
-	if l.lines == 0 {
+// fail records err unless an error came first.
+func (o *restoreWriter) fail(err error) {
+	if o.err == nil {
+		o.err = err
+	}
+}
+
+// finish flushes the input and returns its size and the first error.
+func (o *restoreWriter) finish() (int64, error) {
+	if o.err == nil {
+		o.fail(o.w.Flush())
+	}
+	return o.n, o.err
+}
+
+// owned writes n lines, b, written by key.
+func (o *restoreWriter) owned(key string, b []byte, n int) {
+	if o.err != nil || n == 0 {
 		return
 	}
-	base := a.lines
-	a.spans = append(a.spans, span{line: base + 1, key: ""})
-	for _, s := range l.spans {
-		a.spans = append(a.spans, span{line: base + 1 + s.line, key: s.key})
+	if o.lines < o.find && o.find <= o.lines+n {
+		o.keep(key, b, o.find-o.lines)
 	}
-	a.b = append(a.b, l.b...)
-	a.lines += l.lines
+	m, err := o.w.Write(b)
+	o.n += int64(m)
+	o.fail(err)
+	o.lines += n
 }
 
-// lineOwners maps 1-based input lines to Service keys.
-type lineOwners []span
-
-// owner returns the key that wrote line, or "".
-func (o lineOwners) owner(line int) string {
-	i := sort.Search(len(o), func(i int) bool { return o[i].line > line })
-	if i == 0 {
-		return ""
+// keep keeps line i (1-based) of b as the line found.
+func (o *restoreWriter) keep(key string, b []byte, i int) {
+	for ; i > 1; i-- {
+		_, b, _ = bytes.Cut(b, []byte("\n"))
 	}
-	return o[i-1].key
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	o.found, o.foundKey, o.foundText = true, key, string(line)
+}
+
+// raw writes one line of no Service.
+func (o *restoreWriter) raw(s string) {
+	if o.err != nil {
+		return
+	}
+	if o.lines+1 == o.find {
+		o.found, o.foundKey, o.foundText = true, "", s
+	}
+	m, _ := o.w.WriteString(s)
+	err := o.w.WriteByte('\n')
+	o.n += int64(m + 1)
+	o.fail(err)
+	o.lines++
+}
+
+// chainDecl writes the declaration of key's chain c.
+func (o *restoreWriter) chainDecl(key, c string) {
+	if o.err != nil {
+		return
+	}
+	if o.lines+1 == o.find {
+		o.found, o.foundKey, o.foundText = true, key, chainLine(c)
+	}
+	m1, _ := o.w.WriteString(":")
+	m2, _ := o.w.WriteString(c)
+	m3, err := o.w.WriteString(" - [0:0]\n")
+	o.n += int64(m1 + m2 + m3)
+	o.fail(err)
+	o.lines++
+}
+
+// add writes l's lines, each owned by the key of the span it falls in
+// ("" before the first).
+func (o *restoreWriter) add(l *lineBuffer) {
+	if o.err != nil || l.lines == 0 {
+		return
+	}
+	if o.lines < o.find && o.find <= o.lines+l.lines {
+		i := o.find - o.lines - 1 // 0-based in l
+		key := ""
+		for _, s := range l.spans {
+			if s.line > i {
+				break
+			}
+			key = s.key
+		}
+		o.keep(key, l.b, i+1)
+	}
+	m, err := o.w.Write(l.b)
+	o.n += int64(m)
+	o.fail(err)
+	o.lines += l.lines
 }

@@ -97,12 +97,19 @@ func isServiceChain(name string) bool {
 // endpoint chain, "ip:port"), so PP-SVC-X names the same service port as
 // kube-proxy's KUBE-SVC-X, which helps operators compare the two. The
 // family is not hashed: IPv4 and IPv6 chains live in different tables.
-func portHash(parts ...string) string {
-	h := sha256.New()
+func portHash(parts ...string) string { return chainName("", parts...) }
+
+// chainName returns prefix followed by portHash(parts...), allocating
+// only the result: it runs for every endpoint at every full sync.
+func chainName(prefix string, parts ...string) string {
+	var in [256]byte // grows onto the heap only for very long names
+	b := in[:0]
 	for _, p := range parts {
-		h.Write([]byte(p))
+		b = append(b, p...)
 	}
-	var sum [sha256.Size]byte
-	enc := base32.StdEncoding.EncodeToString(h.Sum(sum[:0]))
-	return enc[:16]
+	sum := sha256.Sum256(b)
+	var enc [56]byte // base32 of 32 bytes
+	base32.StdEncoding.Encode(enc[:], sum[:])
+	var out [64]byte
+	return string(append(append(out[:0], prefix...), enc[:16]...))
 }

@@ -91,7 +91,7 @@ func (p *svcPlan) planPort(sp *plan.Port) portPlan {
 	pp.clusterEps, pp.localEps, pp.allEps = plan.MapEndpoints(sp, func(ep plan.Endpoint) epPlan {
 		ip := ep.Addr.String()
 		ipPort := net.JoinHostPort(ip, strconv.Itoa(int(ep.Port)))
-		return epPlan{chain: prefixSep + portHash(pp.Name, pp.proto, ipPort), ip: ip, ipPort: ipPort}
+		return epPlan{chain: chainName(prefixSep, pp.Name, pp.proto, ipPort), ip: ip, ipPort: ipPort}
 	})
 	return pp
 }

@@ -2,7 +2,10 @@ package iptables
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -84,8 +87,12 @@ type programmed struct {
 
 // serviceState is what one Service wrote.
 type serviceState struct {
-	chains []string // its nat chains, in the order written
-	hash   uint64   // of its chains' declarations and rules
+	// chains names its nat chains, in the order written, each followed
+	// by a newline (see chainNames): one string rather than a slice of
+	// them, as the state holds every chain of the table (250,000 at
+	// 250,000 endpoints), and a string each costs twice the memory.
+	chains string
+	hash   uint64 // of its chains' declarations and rules
 	// Its lines in the dispatch chains (nat PP-SERVICES and PP-NODEPORTS)
 	// and in the filter table, reused verbatim by partial syncs that do
 	// not touch the Service.
@@ -93,6 +100,41 @@ type serviceState struct {
 	dispatchLines, filterLines int
 	// natLines is the number of rules in its own chains.
 	natLines int
+}
+
+// chainNames yields the names of s's chains, in the order written.
+func (s *serviceState) chainNames() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for rest := s.chains; rest != ""; {
+			name, after, _ := strings.Cut(rest, "\n")
+			if !yield(name) {
+				return
+			}
+			rest = after
+		}
+	}
+}
+
+// hasChain reports whether c is one of s's chains.
+func (s *serviceState) hasChain(c string) bool {
+	for name := range s.chainNames() {
+		if name == c {
+			return true
+		}
+	}
+	return false
+}
+
+// sameChains reports whether s's chains are names, in order.
+func (s *serviceState) sameChains(names []string) bool {
+	i := 0
+	for c := range s.chainNames() {
+		if i == len(names) || names[i] != c {
+			return false
+		}
+		i++
+	}
+	return i == len(names)
 }
 
 // rules returns how many rules s owns in nat and filter; none for nil.
@@ -124,21 +166,41 @@ type renderInput struct {
 	existing []string
 }
 
-// ruleset is rendered restore input and the state it leaves once applied.
+// ruleset is one sync's restore input and the state it leaves once
+// applied. newRuleset plans it: it renders every Service it writes once,
+// keeping only what the state needs (chain names, dispatch and filter
+// lines, a hash of the rest) and what the input's shape needs (which
+// Services, how many lines). WriteTo then writes the input, rendering
+// the Services' chains again one at a time, so that the input (over 70
+// MB at 250,000 endpoints) is never whole in memory: it goes to
+// iptables-restore as it is written.
 type ruleset struct {
-	data   []byte
-	owners lineOwners
+	in   *renderInput
+	r    *renderer
+	keys []string // the table's, sorted
 	// next is the state after a successful restore. For a partial sync it
 	// shares unchanged services with the input's prev.
 	next *programmed
+	// written are the Services whose chains the input declares and
+	// fills, in key order.
+	written []string
+	// chainDecls and natRuleLines count the declarations and rules of
+	// written's chains.
+	chainDecls, natRuleLines int
 	// stale chains deleted by this input.
 	stale []string
 	// dispatchEdits are a partial sync's in-place edits of the dispatch
 	// chains.
 	dispatchEdits lineBuffer
+	// top (PP-POSTROUTING, PP-MARK-MASQ), nodePortJumps (the end of nat
+	// PP-SERVICES) and filterTail (PP-FORWARD, PP-LOCALNET) are the lines
+	// of no Service, when the input writes them.
+	top, nodePortJumps, filterTail lineBuffer
 	// wroteDispatch and wroteFilter say whether the input rewrites the
 	// dispatch chains and the filter table whole.
 	wroteDispatch, wroteFilter bool
+	// natEmpty says the input has nothing for the nat table.
+	natEmpty bool
 	// dispatchInserts counts the rules dispatchEdits adds.
 	dispatchInserts int
 	// natWritten and filterWritten count the rules the input adds to
@@ -155,32 +217,37 @@ func (rs *ruleset) counts() []dataplane.TableRules {
 	}
 }
 
-// render produces the iptables-restore input for in. It is pure: no I/O,
-// no goroutines, the same input gives the same bytes.
-func render(in *renderInput) *ruleset {
+// empty reports whether the input has nothing for either table.
+func (rs *ruleset) empty() bool { return rs.natEmpty && !rs.wroteFilter }
+
+// newRuleset plans the iptables-restore input for in (see ruleset). It
+// is pure: no I/O, no goroutines, the same input gives the same bytes.
+func newRuleset(in *renderInput) *ruleset {
 	r := &renderer{p: &in.params}
 	keys := in.table.Keys()
 	next := &programmed{services: make(map[string]*serviceState, len(keys))}
+	rs := &ruleset{in: in, r: r, keys: keys, next: next}
+	// write records a Service whose chains the input writes.
+	write := func(k string, st *serviceState) {
+		rs.written = append(rs.written, k)
+		rs.chainDecls += strings.Count(st.chains, "\n")
+		rs.natRuleLines += st.natLines
+	}
 	changed := map[string]bool{}
 	if in.full {
-		total := 0
-		plans := make([]*svcPlan, 0, len(keys))
+		next.large = largeCluster(in.table, keys, in.params.family)
+		r.large = next.large
+		rs.written = make([]string, 0, len(keys))
+		var prev map[string]*serviceState
+		if in.prev != nil {
+			prev = in.prev.services
+		}
 		for _, k := range keys {
 			if plan, ok := planService(in.table.Entries[k], in.params.family); ok {
-				plans = append(plans, plan)
-				for i := range plan.ports {
-					total += len(plan.ports[i].allEps)
-				}
+				st := r.service(plan, prev[k])
+				next.services[k] = st
+				write(k, st)
 			}
-		}
-		next.large = total > largeClusterEndpoints
-		r.large = next.large
-		// Size the buffers once: growing a 14 MB buffer by doubling
-		// copies it about twice over.
-		r.natRules.b = make([]byte, 0, 200*total+700*len(plans))
-		r.natChains.b = make([]byte, 0, 32*(total+2*len(plans)))
-		for _, plan := range plans {
-			next.services[plan.Key] = r.service(plan, nil)
 		}
 	} else {
 		next.large, r.large = in.prev.large, in.prev.large
@@ -199,54 +266,17 @@ func render(in *renderInput) *ruleset {
 			}
 			if e := in.table.Entries[k]; e != nil {
 				if plan, ok := planService(e, in.params.family); ok {
-					next.services[k] = r.service(plan, prev)
+					st := r.service(plan, prev)
+					next.services[k] = st
+					// Same chains, same rules: nothing to rewrite.
+					if prev == nil || prev.hash != st.hash {
+						write(k, st)
+					}
 				}
 			}
 		}
 	}
-
-	rs := &ruleset{next: next}
-	// Stale chains: what was there and is not any more.
-	active := func(name string) bool { return false }
-	var candidates []string
-	if in.full {
-		activeSet := make(map[string]bool, len(next.services)*4)
-		for _, s := range next.services {
-			for _, c := range s.chains {
-				activeSet[c] = true
-			}
-		}
-		active = func(name string) bool { return activeSet[name] }
-		candidates = slices.Clone(in.existing)
-		if in.prev != nil {
-			for _, s := range in.prev.services {
-				candidates = append(candidates, s.chains...)
-			}
-		}
-	} else {
-		for k := range changed {
-			prev, cur := in.prev.services[k], next.services[k]
-			if prev == nil || prev == cur {
-				continue
-			}
-			if cur == nil {
-				candidates = append(candidates, prev.chains...)
-				continue
-			}
-			for _, c := range prev.chains {
-				if !slices.Contains(cur.chains, c) {
-					candidates = append(candidates, c)
-				}
-			}
-		}
-	}
-	for _, c := range candidates {
-		if isServiceChain(c) && !active(c) {
-			rs.stale = append(rs.stale, c)
-		}
-	}
-	slices.Sort(rs.stale)
-	rs.stale = slices.Compact(rs.stale)
+	rs.stale = staleChains(in, next, changed)
 
 	// Dispatch chains: rewritten whole by full syncs. Partial syncs edit
 	// them in place instead, deleting the changed Services' old lines and
@@ -294,56 +324,86 @@ func render(in *renderInput) *ruleset {
 			}
 		}
 	}
-
-	rs.assemble(r, in, keys)
+	rs.fixedLines()
+	rs.count()
 	return rs
 }
 
-// assemble writes the restore input: nat first, so that a nat failure
-// leaves both tables as they were (each table commits on its own; filter
-// rules reference no nat chain, so new nat with old filter is the only
-// mixed state, and it only happens if the small filter table fails).
-func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
-	p := r.p
-	a := &assembler{}
-	size := len(r.natChains.b) + len(r.natRules.b) + rs.dispatchEdits.lines*200 + 64*len(rs.stale) + 4096
-	for _, s := range rs.next.services {
-		if rs.wroteDispatch {
-			size += len(s.dispatch)
-		}
-		if rs.wroteFilter {
-			size += len(s.filter)
+// largeCluster tells whether the table has more endpoints (per-endpoint
+// chains) of the family than largeClusterEndpoints. It plans Services
+// only until the count passes the threshold, so it costs little more
+// than planning a thousand endpoints, and it counts what rendering
+// them writes.
+func largeCluster(t *proxytable.Table, keys []string, family dataplane.Family) bool {
+	total := 0
+	for _, k := range keys {
+		if plan, ok := planService(t.Entries[k], family); ok {
+			for i := range plan.ports {
+				total += len(plan.ports[i].allEps)
+			}
+			if total > largeClusterEndpoints {
+				return true
+			}
 		}
 	}
-	a.b = make([]byte, 0, size)
-	natStart := a.lines
-	a.raw("*nat")
-	if p.backend == xtables.BackendNFT && r.natChains.lines+len(rs.stale) > nftCacheAllChains {
-		// iptables-nft-restore --noflush (1.8.x) records every chain a
-		// command names in a sorted list, inserting by linear search:
-		// quadratic in the chains of the input (10k services: minutes).
-		// One command naming no chain makes it cache all chains instead
-		// and skip that list; "-S" is the harmless one (it lists the nat
-		// table as it was to stdout, which the runner discards). Small
-		// partial syncs do without: listing would cost more than it saves.
-		a.raw("-S")
-	}
-	if rs.wroteDispatch {
-		a.raw(chainLine(chainServices))
-		a.raw(chainLine(chainNodePorts))
+	return false
+}
+
+// staleChains returns the service chains the input deletes, sorted:
+// those that were there (prev's, in.existing) and next does not use.
+// Chain names hash the service port's name, so a chain of one Service
+// is never another's: prev's are compared Service by Service, and only
+// in.existing (no Service known) against every chain of next.
+func staleChains(in *renderInput, next *programmed, changed map[string]bool) []string {
+	var stale []string
+	// gone appends prev's chains that cur does not have.
+	gone := func(prev, cur *serviceState) {
+		if prev == nil || prev == cur || cur != nil && prev.chains == cur.chains {
+			return
+		}
+		for c := range prev.chainNames() {
+			if cur == nil || !cur.hasChain(c) {
+				stale = append(stale, c)
+			}
+		}
 	}
 	if in.full {
-		a.raw(chainLine(chainPostrouting))
-		a.raw(chainLine(chainMarkMasq))
+		if in.prev != nil {
+			for k, prev := range in.prev.services {
+				gone(prev, next.services[k])
+			}
+		}
+		if len(in.existing) > 0 {
+			left := make(map[string]bool, len(in.existing))
+			for _, c := range in.existing {
+				left[c] = true
+			}
+			for _, s := range next.services {
+				for c := range s.chainNames() {
+					delete(left, c)
+				}
+			}
+			for _, c := range in.existing {
+				if left[c] {
+					stale = append(stale, c)
+				}
+			}
+		}
+	} else {
+		for k := range changed {
+			gone(in.prev.services[k], next.services[k])
+		}
 	}
-	a.add(&r.natChains)
-	for _, c := range rs.stale {
-		// Declaring a chain in a --noflush restore flushes it, so it
-		// drops its references before -X deletes it.
-		a.raw(chainLine(c))
-	}
-	if in.full {
-		top := &lineBuffer{}
+	stale = slices.DeleteFunc(stale, func(c string) bool { return !isServiceChain(c) })
+	slices.Sort(stale)
+	return slices.Compact(stale)
+}
+
+// fixedLines renders the lines of no Service that the input writes.
+func (rs *ruleset) fixedLines() {
+	p := rs.r.p
+	if rs.in.full {
+		top := &rs.top
 		// Clear the mark so that a packet that traverses the stack again
 		// (a tunnel, a bridge) is not masqueraded twice.
 		top.write("-A", chainPostrouting, "-m", "mark", "!", "--mark", p.mark+"/"+p.mark, "-j", "RETURN")
@@ -354,57 +414,12 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 		}
 		top.write(masq...)
 		top.write("-A", chainMarkMasq, "-j", "MARK", "--or-mark", p.mark)
-		a.add(top)
-		rs.natWritten += top.lines
 	}
 	if rs.wroteDispatch {
-		d := &lineBuffer{b: make([]byte, 0, 256*len(rs.next.services))}
-		for _, k := range keys {
-			if s := rs.next.services[k]; s != nil && s.dispatchLines > 0 {
-				d.owner(k)
-				d.b = append(d.b, s.dispatch...)
-				d.lines += s.dispatchLines
-			}
-		}
-		d.owner("")
-		r.nodePortJumps(d)
-		a.add(d)
-		rs.natWritten += d.lines
+		rs.r.nodePortJumps(&rs.nodePortJumps)
 	}
-	a.add(&rs.dispatchEdits)
-	a.add(&r.natRules)
-	// Every line of natRules adds a rule: deletions come after, as -X.
-	rs.natWritten += rs.dispatchInserts + r.natRules.lines
-	for _, c := range rs.stale {
-		a.raw("-X " + c)
-	}
-	if in.refreshJumps {
-		writeJumps(a, "nat", jumpsFor(p.localhostNodePorts))
-	}
-	if a.lines == natStart+1 {
-		// Nothing for nat: drop the header.
-		a.b, a.lines, a.spans = a.b[:0], natStart, a.spans[:0]
-	} else {
-		a.raw("COMMIT")
-	}
-
 	if rs.wroteFilter {
-		a.raw("*filter")
-		for _, c := range [...]string{chainServices, chainExternalServices, chainForward, chainNodePorts, chainFirewall} {
-			a.raw(chainLine(c))
-		}
-		if p.localhostNodePorts {
-			a.raw(chainLine(chainLocalnet))
-		}
-		f := &lineBuffer{}
-		for _, k := range keys {
-			if s := rs.next.services[k]; s != nil && s.filterLines > 0 {
-				f.owner(k)
-				f.b = append(f.b, s.filter...)
-				f.lines += s.filterLines
-			}
-		}
-		f.owner("")
+		f := &rs.filterTail
 		if p.dropInvalid {
 			// Out-of-window packets conntrack marks INVALID would be
 			// forwarded un-NATed and reset the connection (kubernetes
@@ -426,16 +441,158 @@ func (rs *ruleset) assemble(r *renderer, in *renderInput, keys []string) {
 				"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8",
 				"-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP")
 		}
-		a.add(f)
-		rs.filterWritten = f.lines
-		if in.refreshJumps {
-			writeJumps(a, "filter", jumpsFor(p.localhostNodePorts))
-		}
-		a.raw("COMMIT")
 	}
-	rs.data, rs.owners = a.b, lineOwners(a.spans)
+}
+
+// count counts the rules the input writes to each table, and whether
+// it writes anything to nat, as write will write them.
+func (rs *ruleset) count() {
+	in := rs.in
+	rs.natWritten = rs.top.lines + rs.dispatchInserts + rs.natRuleLines
+	if rs.wroteDispatch {
+		for _, s := range rs.next.services {
+			rs.natWritten += s.dispatchLines
+		}
+		rs.natWritten += rs.nodePortJumps.lines
+	}
+	if rs.wroteFilter {
+		for _, s := range rs.next.services {
+			rs.filterWritten += s.filterLines
+		}
+		rs.filterWritten += rs.filterTail.lines
+	}
 	if in.full {
 		rs.next.natRules, rs.next.filterRules = rs.natWritten, rs.filterWritten
+	}
+	// Every part of the nat input below is there only under one of
+	// these; jumpsFor always holds nat jumps.
+	rs.natEmpty = !in.full && !rs.wroteDispatch && len(rs.written) == 0 && len(rs.stale) == 0 &&
+		rs.dispatchEdits.lines == 0 && !in.refreshJumps
+}
+
+// WriteTo writes the restore input to w: nat first, so that a nat failure
+// leaves both tables as they were (each table commits on its own; filter
+// rules reference no nat chain, so new nat with old filter is the only
+// mixed state, and it only happens if the small filter table fails). It
+// renders the written Services' chains again, one at a time, and fails
+// if one renders differently from what newRuleset planned (which would
+// make the state wrong). It may be called more than once.
+func (rs *ruleset) WriteTo(w io.Writer) (int64, error) {
+	out := newRestoreWriter(w, 0)
+	rs.write(out)
+	return out.finish()
+}
+
+// locate returns the owner (a Service key, ownerJumps or "") and the text
+// of the input's line (1-based), by writing the input again; ok is false
+// when the input has no such line.
+func (rs *ruleset) locate(line int) (owner, text string, ok bool) {
+	out := newRestoreWriter(io.Discard, line)
+	rs.write(out)
+	return out.foundKey, out.foundText, out.found
+}
+
+// errRenderChanged says a Service rendered differently when written than
+// when planned: a bug, or a table changed during the sync.
+var errRenderChanged = errors.New("a service's rules rendered differently when written than when planned")
+
+func (rs *ruleset) write(out *restoreWriter) {
+	if rs.empty() {
+		return
+	}
+	in, p := rs.in, rs.r.p
+	if !rs.natEmpty {
+		out.raw("*nat")
+		if p.backend == xtables.BackendNFT && rs.chainDecls+len(rs.stale) > nftCacheAllChains {
+			// iptables-nft-restore --noflush (1.8.x) records every chain a
+			// command names in a sorted list, inserting by linear search:
+			// quadratic in the chains of the input (10k services: minutes).
+			// One command naming no chain makes it cache all chains instead
+			// and skip that list; "-S" is the harmless one (it lists the nat
+			// table as it was to stdout, which the runner discards). Small
+			// partial syncs do without: listing would cost more than it saves.
+			out.raw("-S")
+		}
+		if rs.wroteDispatch {
+			out.raw(chainLine(chainServices))
+			out.raw(chainLine(chainNodePorts))
+		}
+		if in.full {
+			out.raw(chainLine(chainPostrouting))
+			out.raw(chainLine(chainMarkMasq))
+		}
+		for _, k := range rs.written {
+			for c := range rs.next.services[k].chainNames() {
+				out.chainDecl(k, c)
+			}
+		}
+		for _, c := range rs.stale {
+			// Declaring a chain in a --noflush restore flushes it, so it
+			// drops its references before -X deletes it.
+			out.raw(chainLine(c))
+		}
+		out.add(&rs.top)
+		if rs.wroteDispatch {
+			for _, k := range rs.keys {
+				if s := rs.next.services[k]; s != nil && s.dispatchLines > 0 {
+					out.owned(k, s.dispatch, s.dispatchLines)
+				}
+			}
+			out.add(&rs.nodePortJumps)
+		}
+		out.add(&rs.dispatchEdits)
+		rs.writeChains(out)
+		for _, c := range rs.stale {
+			out.raw("-X " + c)
+		}
+		if in.refreshJumps {
+			writeJumps(out, "nat", jumpsFor(p.localhostNodePorts))
+		}
+		out.raw("COMMIT")
+	}
+
+	if rs.wroteFilter {
+		out.raw("*filter")
+		for _, c := range [...]string{chainServices, chainExternalServices, chainForward, chainNodePorts, chainFirewall} {
+			out.raw(chainLine(c))
+		}
+		if p.localhostNodePorts {
+			out.raw(chainLine(chainLocalnet))
+		}
+		for _, k := range rs.keys {
+			if s := rs.next.services[k]; s != nil && s.filterLines > 0 {
+				out.owned(k, s.filter, s.filterLines)
+			}
+		}
+		out.add(&rs.filterTail)
+		if in.refreshJumps {
+			writeJumps(out, "filter", jumpsFor(p.localhostNodePorts))
+		}
+		out.raw("COMMIT")
+	}
+}
+
+// writeChains writes the rules of written's chains, rendering each
+// Service again.
+func (rs *ruleset) writeChains(out *restoreWriter) {
+	r := rs.r
+	for _, k := range rs.written {
+		if out.err != nil {
+			return
+		}
+		st := rs.next.services[k]
+		plan, ok := planService(rs.in.table.Entries[k], rs.in.params.family)
+		if !ok {
+			out.fail(fmt.Errorf("%s: %w", k, errRenderChanged))
+			return
+		}
+		r.natRules.truncate(bufMark{})
+		r.natRules.owner(k)
+		if hash, lines := r.chains(plan); hash != st.hash || lines != st.natLines {
+			out.fail(fmt.Errorf("%s: %w", k, errRenderChanged))
+			return
+		}
+		out.add(&r.natRules)
 	}
 }
 
@@ -449,7 +606,7 @@ const ownerJumps = "\x00jumps"
 // with the rest. It requires the jumps to be there: the -D fails the
 // restore otherwise (someone flushed a built-in chain), and the
 // engine then installs them one by one and retries.
-func writeJumps(a *assembler, table string, jumps []xtables.Jump) {
+func writeJumps(out *restoreWriter, table string, jumps []xtables.Jump) {
 	l := &lineBuffer{}
 	l.owner(ownerJumps)
 	for _, j := range jumps {
@@ -460,7 +617,7 @@ func writeJumps(a *assembler, table string, jumps []xtables.Jump) {
 		l.write("-D", j.From, rule)
 		l.write("-I", j.From, "1", rule)
 	}
-	a.add(l)
+	out.add(l)
 }
 
 // quoteRestore quotes arguments holding spaces for iptables-restore.
@@ -489,18 +646,22 @@ func lines(b []byte) []string {
 type renderer struct {
 	p     *params
 	large bool
-	// natChains declares per-service chains; natRules fills them.
+	// Scratch buffers for one Service: natChains declares its chains,
+	// natRules fills them; dispatch and filter hold its lines in the
+	// dispatch chains and the filter table; chains names its chains.
 	natChains, natRules lineBuffer
-	// scratch buffers for one Service's dispatch and filter lines.
-	dispatch, filter lineBuffer
+	dispatch, filter    lineBuffer
+	chainNames          []string
 }
 
-// service renders plan: its lines in the dispatch chains and the filter
-// table (kept in the returned state), and its own chains (written to the
-// restore buffers unless prev shows the same chains are already in the
-// kernel).
+// service renders plan and returns what the state keeps of it: its lines
+// in the dispatch chains and the filter table, the names of its chains
+// and a hash of their declarations and rules, which are not kept (the
+// input renders them again as it is written). That is prev, the
+// Service's state in the kernel (nil for none), when nothing of it
+// changed: a full sync over the table in force then holds one state,
+// not two.
 func (r *renderer) service(plan *svcPlan, prev *serviceState) *serviceState {
-	st := &serviceState{}
 	r.dispatch.truncate(bufMark{})
 	r.filter.truncate(bufMark{})
 	for i := range plan.ports {
@@ -513,28 +674,49 @@ func (r *renderer) service(plan *svcPlan, prev *serviceState) *serviceState {
 		r.filter.write("-A", chainNodePorts, "-m", "comment", "--comment", `"`+commentText(plan.Key)+` health check node port"`,
 			"-m", "tcp", "-p", "tcp", "--dport", itoa(plan.HealthCheckNodePort), "-j", "ACCEPT")
 	}
+	r.natRules.truncate(bufMark{})
+	// Counted whether or not a partial sync writes the chains:
+	// kube-proxy's total includes the rules of chains a partial sync
+	// leaves alone.
+	hash, natLines := r.chains(plan)
+	if prev != nil && prev.hash == hash && prev.natLines == natLines &&
+		bytes.Equal(prev.dispatch, r.dispatch.b) && prev.dispatchLines == r.dispatch.lines &&
+		bytes.Equal(prev.filter, r.filter.b) && prev.filterLines == r.filter.lines &&
+		prev.sameChains(r.chainNames) {
+		return prev
+	}
+	st := &serviceState{hash: hash, natLines: natLines}
 	st.dispatch, st.dispatchLines = bytes.Clone(r.dispatch.b), r.dispatch.lines
 	st.filter, st.filterLines = bytes.Clone(r.filter.b), r.filter.lines
-
-	cm, rm := r.natChains.mark(), r.natRules.mark()
-	r.natChains.owner(plan.Key)
-	r.natRules.owner(plan.Key)
-	for i := range plan.ports {
-		st.chains = r.portChains(plan, &plan.ports[i], st.chains)
+	size := 0
+	for _, c := range r.chainNames {
+		size += len(c) + 1
 	}
-	// Counted before the truncation below: kube-proxy's total includes
-	// the rules of chains a partial sync leaves alone.
-	st.natLines = r.natRules.lines - rm.lines
-	d := xxhash.New()
-	_, _ = d.Write(r.natChains.since(cm))
-	_, _ = d.Write(r.natRules.since(rm))
-	st.hash = d.Sum64()
-	if prev != nil && prev.hash == st.hash {
-		// Same chains, same rules: nothing to rewrite.
-		r.natChains.truncate(cm)
-		r.natRules.truncate(rm)
+	var b strings.Builder
+	b.Grow(size)
+	for _, c := range r.chainNames {
+		b.WriteString(c)
+		b.WriteByte('\n')
 	}
+	st.chains = b.String()
 	return st
+}
+
+// chains renders plan's own chains: their declarations into natChains
+// (reset first) and their names into chainNames, their rules appended to
+// natRules. It returns the hash of the declarations and rules, and the
+// number of rules.
+func (r *renderer) chains(plan *svcPlan) (hash uint64, rules int) {
+	r.natChains.truncate(bufMark{})
+	rm := r.natRules.mark()
+	r.chainNames = r.chainNames[:0]
+	for i := range plan.ports {
+		r.chainNames = r.portChains(plan, &plan.ports[i], r.chainNames)
+	}
+	d := xxhash.New()
+	_, _ = d.Write(r.natChains.b)
+	_, _ = d.Write(r.natRules.since(rm))
+	return d.Sum64(), r.natRules.lines - rm.lines
 }
 
 // portDispatch writes the port's rules in the dispatch chains (nat

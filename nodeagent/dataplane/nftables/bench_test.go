@@ -110,12 +110,12 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 		build = append(build, timed(func() error {
 			st := buildState(tbl, &p)
 			tx := fullTransaction(st, nil, true)
-			row.ops = len(tx.ops)
+			row.ops = len(opsOf(tx))
 			var err error
 			bt, err = encodeBatch(tx, dataplane.IPv4, 1)
 			return err
 		}))
-		row.bytes = len(bt.buf)
+		row.bytes = bt.size
 
 		dropTable()
 		d, err := New(cfg, nil)
@@ -129,7 +129,7 @@ func benchOne(b *testing.B, n, reps int) benchRow {
 		st := buildState(tbl, &p)
 		rc := &transaction{}
 		rc.add(op{kind: opAddTable}, op{kind: opDeleteTable})
-		rc.ops = append(rc.ops, fullTransaction(st, nil, false).ops...)
+		rc.ops = append(rc.ops, opsOf(fullTransaction(st, nil, false))...)
 		recreate = append(recreate, timed(func() error { return raw.Run(ctx, rc) }))
 
 		dropTable()
@@ -238,7 +238,7 @@ func benchKnftables(b *testing.B, tp *nstest.Topology, ns string, there, back *t
 // toKnftables converts tx to a knftables transaction.
 func toKnftables(nft knftables.Interface, tx *transaction, f dataplane.Family) *knftables.Transaction {
 	kt := nft.NewTransaction()
-	for _, o := range tx.ops {
+	for _, o := range opsOf(tx) {
 		switch o.kind {
 		case opAddTable:
 			kt.Add(&knftables.Table{})

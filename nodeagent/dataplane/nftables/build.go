@@ -178,19 +178,49 @@ func clusterIPsCheck(p *params) []rule {
 // fragment is what one Service contributes: its own chains, endpoint
 // maps and affinity sets, and its elements in the shared maps and sets.
 type fragment struct {
+	// entry is the table's entry the fragment was built from (see
+	// rebuildState).
+	entry  *pb.ServiceEntry
 	chains []*chain
 	sets   []*set
-	// setElems holds the elements of the Service's own sets, by name:
-	// an endpoint map's element i at index i.
-	setElems map[string][]element
-	elems    []elemRef
+	// epMaps holds the endpoints of the Service's endpoint maps, by
+	// name: endpoint i is the element of index i. Endpoints, not
+	// elements: one per endpoint, a third of an element's size.
+	epMaps map[string][]netip.AddrPort
+	elems  []elemRef
 	// hairpin holds the Service's keys in the hairpin set, each once.
 	// Not in elems: the set holds one element per endpoint, and the
 	// state counts the Services wanting each (state.hairpin) rather
 	// than holding a claim apiece, which would be a third of the
 	// agent's memory at 250,000 endpoints.
-	hairpin []elemKey
+	hairpin []hairpinKey
 }
+
+// hairpinKey is a hairpin element's key, an endpoint's address, protocol
+// and port, without netip.Addr's pointer: there is one per endpoint in
+// the fragments and one in the state's counts, 20 bytes rather than an
+// elemKey's 32, and nothing for the collector to scan.
+type hairpinKey struct {
+	addr  [16]byte
+	port  uint16
+	proto uint8
+	is4   bool
+}
+
+func newHairpinKey(a netip.Addr, proto uint8, port uint16) hairpinKey {
+	return hairpinKey{addr: a.As16(), port: port, proto: proto, is4: a.Is4()}
+}
+
+// elemKey is h as the hairpin set's key.
+func (h hairpinKey) elemKey() elemKey {
+	a := netip.AddrFrom16(h.addr)
+	if h.is4 {
+		a = a.Unmap()
+	}
+	return elemKey{addr: a, proto: h.proto, port: h.port}
+}
+
+func compareHairpin(a, b hairpinKey) int { return compareKeys(a.elemKey(), b.elemKey()) }
 
 // elemRef is an element of a shared map or set.
 type elemRef struct {
@@ -206,6 +236,18 @@ type elemID struct {
 
 func (r elemRef) id() elemID { return elemID{set: r.set, key: r.key} }
 
+// fragmentOf returns the fragment of entry e for p, nil when e has no
+// cluster IP of p's family.
+func fragmentOf(e *pb.ServiceEntry, p *params) *fragment {
+	plan, ok := planService(e, p.family)
+	if !ok {
+		return nil
+	}
+	fr := buildService(p, plan)
+	fr.entry = e
+	return fr
+}
+
 // buildService returns plan's fragment.
 func buildService(p *params, plan *svcPlan) *fragment {
 	// At most this many elements (see buildPort): allocated once, as
@@ -215,7 +257,7 @@ func buildService(p *params, plan *svcPlan) *fragment {
 		n += 4 + 2*len(plan.ExternalIPs) + 3*len(plan.LoadBalancerIPs)
 		eps += len(plan.ports[i].allEps)
 	}
-	fr := &fragment{elems: make([]elemRef, 0, n), hairpin: make([]elemKey, 0, eps)}
+	fr := &fragment{elems: make([]elemRef, 0, n), hairpin: make([]hairpinKey, 0, eps)}
 	seen := make(map[elemID]struct{}, n+eps)
 	add := func(set string, key elemKey, v verdict) {
 		r := elemRef{set: set, element: element{key: key, verdict: v}}
@@ -228,7 +270,7 @@ func buildService(p *params, plan *svcPlan) *fragment {
 		id := elemID{set: setHairpin, key: k}
 		if _, dup := seen[id]; !dup {
 			seen[id] = struct{}{}
-			fr.hairpin = append(fr.hairpin, k)
+			fr.hairpin = append(fr.hairpin, newHairpinKey(k.addr, k.proto, k.port))
 		}
 	}
 	add(setClusterIPs, elemKey{addr: plan.ClusterIP}, verdict{})
@@ -419,15 +461,15 @@ func endpointRules(p *params, plan *svcPlan, pp *portPlan, rules []rule, eps []e
 		return rules
 	}
 	if plan.AffinityTimeout == 0 {
-		els := make([]element, n)
+		els := make([]netip.AddrPort, n)
 		for i, ep := range eps {
-			els[i] = element{key: elemKey{index: uint32(i)}, endpoint: netip.AddrPortFrom(ep.addr, ep.port)}
+			els[i] = netip.AddrPortFrom(ep.addr, ep.port)
 		}
 		fr.sets = append(fr.sets, &set{name: mapName, key: keyIndex, endpoints: true})
-		if fr.setElems == nil {
-			fr.setElems = map[string][]element{}
+		if fr.epMaps == nil {
+			fr.epMaps = map[string][]netip.AddrPort{}
 		}
-		fr.setElems[mapName] = els
+		fr.epMaps[mapName] = els
 		return append(rules, newRule(protoMatch{pp.proto}, dnatMap{set: mapName, mod: uint32(n)}))
 	}
 	for _, ep := range eps {

@@ -100,7 +100,7 @@ func (b *backend) Prepare(_ context.Context, t *proxytable.Table) (string, error
 // table); otherwise the table is listed first and its base chains and
 // shared maps are recreated (see fullTransaction).
 func (b *backend) Full(ctx context.Context, t *proxytable.Table) error {
-	next := buildState(t, &b.p)
+	next := rebuildState(t, &b.p, b.last)
 	var existing *inventory
 	reset, gen, genOK := false, b.gen, b.genOK
 	if b.state != nil {

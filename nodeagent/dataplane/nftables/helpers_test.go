@@ -150,6 +150,25 @@ func (k *fakeKernel) commitBehind(change func(t **fakeTable)) {
 	k.gen = nextGen(k.gen)
 }
 
+// opsOf returns tx's operations as a list, each with its elements in
+// elems and owners (not elemSeq).
+func opsOf(tx *transaction) []op {
+	var out []op
+	tx.each(func(_ int, o *op) bool {
+		c := *o
+		if c.elemSeq != nil {
+			c.elems, c.owners, c.elemSeq = nil, nil, nil
+			o.eachElem(func(_ int, e element, owner string) bool {
+				c.elems, c.owners = append(c.elems, e), append(c.owners, owner)
+				return true
+			})
+		}
+		out = append(out, c)
+		return true
+	})
+	return out
+}
+
 func (k *fakeKernel) Run(ctx context.Context, tx *transaction) error {
 	k.runs = append(k.runs, tx)
 	if err := ctx.Err(); err != nil {
@@ -164,8 +183,9 @@ func (k *fakeKernel) Run(ctx context.Context, tx *transaction) error {
 	if k.table != nil {
 		cur = k.table.clone()
 	}
-	for i := range tx.ops {
-		o := &tx.ops[i]
+	ops := opsOf(tx)
+	for i := range ops {
+		o := &ops[i]
 		next, errno, elem := k.apply(cur, o)
 		if errno != 0 {
 			if elem >= 0 {

@@ -180,13 +180,14 @@ func (k *netlinkKernel) Run(ctx context.Context, tx *transaction) error {
 	}
 	// The whole batch goes in one sendmsg: nfnetlink commits what one
 	// message buffer holds. The send buffer must hold it all (nft does
-	// the same); FORCE lifts the net.core.wmem_max cap.
-	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(b.buf)+(64<<10)); err != nil {
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, len(b.buf)+(64<<10))
+	// the same); FORCE lifts the net.core.wmem_max cap. The chunks are
+	// one sendmsg's buffers, gathered into one message by the kernel.
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, b.size+(64<<10)); err != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, b.size+(64<<10))
 	}
-	if err := sendAll(fd, b.buf); err != nil {
+	if err := sendBatch(fd, b); err != nil {
 		k.closeSocket()
-		return &SocketError{Op: fmt.Sprintf("sending a %d-byte batch", len(b.buf)), Err: err}
+		return &SocketError{Op: fmt.Sprintf("sending a %d-byte batch", b.size), Err: err}
 	}
 	refusals, err := k.readAcks(fd, b)
 	if err != nil {
@@ -197,6 +198,21 @@ func (k *netlinkKernel) Run(ctx context.Context, tx *transaction) error {
 		return nil
 	}
 	return k.transactionError(tx, b, refusals)
+}
+
+// sendBatch sends b's chunks in one sendmsg: one netlink message
+// buffer, as if they were one slice.
+func sendBatch(fd int, b *batch) error {
+	for {
+		n, err := unix.SendmsgBuffers(fd, b.bufs, nil, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}, 0)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err == nil && n != b.size {
+			return fmt.Errorf("sent %d of %d bytes", n, b.size)
+		}
+		return err
+	}
 }
 
 func sendAll(fd int, buf []byte) error {
@@ -287,15 +303,15 @@ func (k *netlinkKernel) transactionError(tx *transaction, b *batch, refusals []r
 	first := refusals[0]
 	te := &TransactionError{Family: k.family, Errno: first.errno, Message: first.msg, Refused: len(refusals)}
 	if i := int(first.seq) - int(b.first); i >= 0 && i < len(b.msgOp) {
-		o := &tx.ops[b.msgOp[i]]
+		o := tx.op(int(b.msgOp[i]))
 		te.Op, te.Key = o.text(k.family), o.owner
 		if m, ok := b.elems[i]; ok {
 			// Name the refused element, not the thousands around it.
-			if j := m.element(first.offset); first.offset != 0 && j >= 0 {
+			if j := b.element(m, first.offset); first.offset != 0 && j >= 0 {
 				el := o.element(j)
 				te.Op, te.Key = el.text(k.family), el.owner
 			} else {
-				te.Op = fmt.Sprintf("%s (one of %d elements)", o.element(m.first).text(k.family), len(m.offsets))
+				te.Op = fmt.Sprintf("%s (one of %d elements)", o.element(m.first).text(k.family), m.n())
 				te.Key = ""
 			}
 		}

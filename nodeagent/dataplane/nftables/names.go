@@ -45,7 +45,9 @@ const (
 )
 
 // nameMax is the longest object name nf_tables takes (NFT_NAME_MAXLEN
-// without its NUL); nameBaseMax leaves room for the longest prefix.
+// without its NUL); nameBaseMax leaves room for the longest prefix, 16
+// characters ("local-endpoints-"), which TestNamePrefixesFit checks of
+// every prefix* constant of this file.
 const (
 	nameMax     = 255
 	nameBaseMax = nameMax - 16

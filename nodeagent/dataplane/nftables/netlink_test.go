@@ -47,7 +47,7 @@ func TestEncodeBatchFraming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs := decodeBatch(t, b.buf)
+	msgs := decodeBatch(t, bytes.Join(b.bufs, nil))
 	if msgs[0].typ != unix.NFNL_MSG_BATCH_BEGIN || msgs[len(msgs)-1].typ != unix.NFNL_MSG_BATCH_END {
 		t.Fatalf("batch not framed by BEGIN and END")
 	}
@@ -66,7 +66,7 @@ func TestEncodeBatchFraming(t *testing.T) {
 			t.Errorf("message %d is not for nf_tables: %#x", i, m.typ)
 		}
 	}
-	if got := tx.ops[b.msgOp[len(ops)-1]].kind; got != opAddElements {
+	if got := tx.op(int(b.msgOp[len(ops)-1])).kind; got != opAddElements {
 		t.Errorf("last message's operation is %d, want the elements", got)
 	}
 }
@@ -88,7 +88,7 @@ func TestEncodeElementsSplit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs := decodeBatch(t, b.buf)
+	msgs := decodeBatch(t, bytes.Join(b.bufs, nil))
 	total := 0
 	for i, m := range msgs[1 : len(msgs)-1] {
 		n := 0
@@ -101,7 +101,7 @@ func TestEncodeElementsSplit(t *testing.T) {
 			}
 		}
 		em, ok := b.elems[i]
-		if !ok || len(em.offsets) != n || em.first != total {
+		if !ok || em.n() != n || em.first != total {
 			t.Errorf("message %d: %d elements, index %+v", i, n, em)
 		}
 		total += n
@@ -111,53 +111,60 @@ func TestEncodeElementsSplit(t *testing.T) {
 	}
 }
 
+// forEachCaseRule calls f with every rule of every case's full ruleset,
+// cascades and endpoint maps alike, and an encoder of the case's family.
+func forEachCaseRule(t *testing.T, f func(c dptest.Case, e *encoder, r *rule)) {
+	t.Helper()
+	for _, c := range dptest.Cases {
+		for _, mapMin := range []int{0, 1} {
+			cfg := caseConfig(c)
+			cfg.EndpointMapMin = mapMin
+			st := fullState(dptest.Table(t, dptest.Node(), c.Services()...), cfg)
+			e := &encoder{f: c.Family, fam: unix.NFPROTO_IPV4}
+			if c.Family == dataplane.IPv6 {
+				e.fam = unix.NFPROTO_IPV6
+			}
+			for _, o := range opsOf(fullTransaction(st, nil, false)) {
+				if o.rule != nil {
+					f(c, e, o.rule)
+				}
+			}
+		}
+	}
+}
+
 // TestExprEncodingMatchesGoogle checks that the expressions the encoder
 // writes itself are byte for byte what google/nftables/expr marshals, for
 // every expression of every case's ruleset (both families, cascades and
 // endpoint maps).
 func TestExprEncodingMatchesGoogle(t *testing.T) {
 	seen := map[string]int{}
-	for _, c := range dptest.Cases {
-		for _, mapMin := range []int{0, 1} {
-			cfg := caseConfig(c)
-			cfg.EndpointMapMin = mapMin
-			st := fullState(dptest.Table(t, dptest.Node(), c.Services()...), cfg)
-			tx := fullTransaction(st, nil, false)
-			e := &encoder{f: c.Family, fam: unix.NFPROTO_IPV4}
-			if c.Family == dataplane.IPv6 {
-				e.fam = unix.NFPROTO_IPV6
+	forEachCaseRule(t, func(c dptest.Case, e *encoder, r *rule) {
+		var exprs []nexpr.Any
+		for _, x := range r.exprs {
+			exprs = x.encode(exprs, c.Family)
+		}
+		for _, x := range exprs {
+			e.b = e.b[:0]
+			if !e.expr(x) {
+				continue
 			}
-			for _, o := range tx.ops {
-				if o.rule == nil {
-					continue
-				}
-				var exprs []nexpr.Any
-				for _, x := range o.rule.exprs {
-					exprs = x.encode(exprs, c.Family)
-				}
-				for _, x := range exprs {
-					e.b = e.b[:0]
-					if !e.expr(x) {
-						continue
-					}
-					kind := fmt.Sprintf("%T", x)
-					if m, ok := x.(*nexpr.Meta); ok {
-						kind += fmt.Sprintf(" SourceRegister=%v", m.SourceRegister)
-					}
-					seen[kind]++
-					data, err := nexpr.Marshal(e.fam, x)
-					if err != nil {
-						t.Fatal(err)
-					}
-					want := &encoder{}
-					want.attr(unix.NFTA_LIST_ELEM|nlaNested, data)
-					if !bytes.Equal(e.b, want.b) {
-						t.Errorf("%s: %T %+v encoded as\n%x, google/nftables:\n%x", c.Name, x, x, e.b, want.b)
-					}
-				}
+			kind := fmt.Sprintf("%T", x)
+			if m, ok := x.(*nexpr.Meta); ok {
+				kind += fmt.Sprintf(" SourceRegister=%v", m.SourceRegister)
+			}
+			seen[kind]++
+			data, err := nexpr.Marshal(e.fam, x)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := &encoder{}
+			want.attr(unix.NFTA_LIST_ELEM|nlaNested, data)
+			if !bytes.Equal(e.b, want.b) {
+				t.Errorf("%s: %T %+v encoded as\n%x, google/nftables:\n%x", c.Name, x, x, e.b, want.b)
 			}
 		}
-	}
+	})
 	// Every kind the encoder writes itself, so that a change to the cases
 	// cannot leave one unchecked.
 	for _, kind := range []string{
@@ -166,6 +173,44 @@ func TestExprEncodingMatchesGoogle(t *testing.T) {
 	} {
 		if seen[kind] == 0 {
 			t.Errorf("no %s encoded by the encoder itself and compared (seen: %v)", kind, seen)
+		}
+	}
+}
+
+// TestRexprEncodingMatchesEncode checks that the expressions the encoder
+// writes from the model's own values (rexpr) are byte for byte what
+// google/nftables/expr marshals from their encode, for every rule of
+// every case's ruleset (both families, cascades and endpoint maps).
+func TestRexprEncodingMatchesEncode(t *testing.T) {
+	seen := map[string]int{}
+	forEachCaseRule(t, func(c dptest.Case, e *encoder, r *rule) {
+		for _, x := range r.exprs {
+			e.b = e.b[:0]
+			if err := e.rexpr(x); err != nil {
+				t.Fatal(err)
+			}
+			want := &encoder{}
+			for _, n := range x.encode(nil, c.Family) {
+				data, err := nexpr.Marshal(e.fam, n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want.attr(unix.NFTA_LIST_ELEM|nlaNested, data)
+			}
+			seen[fmt.Sprintf("%T", x)]++
+			if !bytes.Equal(e.b, want.b) {
+				t.Errorf("%s: %T %+v encoded as\n%x, google/nftables:\n%x", c.Name, x, x, e.b, want.b)
+			}
+		}
+	})
+	// Every kind written from the model's values, so that a change to the
+	// cases cannot leave one unchecked.
+	for _, kind := range []string{
+		"nftables.protoMatch", "nftables.numgenZero", "nftables.dnatTo", "nftables.dportMatch",
+		"nftables.addrMatch", "nftables.verdict",
+	} {
+		if seen[kind] == 0 {
+			t.Errorf("no %s encoded and compared (seen: %v)", kind, seen)
 		}
 	}
 }

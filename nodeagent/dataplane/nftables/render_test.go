@@ -3,6 +3,10 @@ package nftables
 import (
 	"context"
 	"flag"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -139,10 +143,7 @@ func TestEndpointMap(t *testing.T) {
 		t.Fatalf("choice rule %s, want a dnat map modulo %d", c.rules[1].String(dataplane.IPv4), len(eps))
 	}
 	got := map[string]int{}
-	for i, e := range fr.setElems[dm.set] {
-		if e.key.index != uint32(i) {
-			t.Errorf("element %d has index %d", i, e.key.index)
-		}
+	for e := range endpointElements(fr.epMaps[dm.set], "") {
 		got[e.endpoint.String()]++
 	}
 	for _, ep := range eps {
@@ -207,5 +208,46 @@ func testEndpointCascade(t *testing.T, affinity bool) {
 		if p < 0.2499 || p > 0.2501 {
 			t.Errorf("endpoint %d gets %.4f, want 0.25", i, p)
 		}
+	}
+}
+
+// TestNamePrefixesFit checks every prefix* constant of names.go against
+// nameBaseMax: a name base cut to nameBaseMax, behind any prefix, must
+// fit nf_tables' nameMax. The constants are read from the source, so a
+// prefix added later is checked too.
+func TestNamePrefixesFit(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "names.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range f.Decls {
+		g, ok := d.(*ast.GenDecl)
+		if !ok || g.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range g.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if !strings.HasPrefix(name.Name, "prefix") || i >= len(vs.Values) {
+					continue
+				}
+				lit, ok := vs.Values[i].(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					t.Fatalf("%s is not a string literal", name.Name)
+				}
+				p, err := strconv.Unquote(lit.Value)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n++
+				if len(p)+nameBaseMax > nameMax {
+					t.Errorf("%s %q: %d characters before a base of up to %d make %d, over nf_tables' %d", name.Name, p, len(p), nameBaseMax, len(p)+nameBaseMax, nameMax)
+				}
+			}
+		}
+	}
+	if n < 8 {
+		t.Errorf("found %d prefix constants in names.go, want the 8 or more it has", n)
 	}
 }

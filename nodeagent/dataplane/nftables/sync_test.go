@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -271,7 +272,7 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 	before := s.k.dump()
 
 	s.k.fail = func(tx *transaction) error {
-		for _, o := range tx.ops {
+		for _, o := range opsOf(tx) {
 			if o.owner == "ns/np" && o.kind == opAddRule {
 				return &TransactionError{Family: dataplane.IPv4, Op: o.text(dataplane.IPv4), Key: o.owner, Errno: syscall.EINVAL, Refused: 1}
 			}
@@ -302,7 +303,7 @@ func TestRefusedTransactionKeepsStateAndForcesFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tx.ops[0].kind != opAddTable || s.k.lists != 2 {
+	if tx.op(0).kind != opAddTable || s.k.lists != 2 {
 		t.Errorf("sync after a failure was not a full one from a listing (lists %d):\n%s", s.k.lists, tx.text(dataplane.IPv4))
 	}
 	s.assertKernelLikeFullSync()
@@ -344,7 +345,7 @@ func TestNodeCIDRChangeForcesFullSync(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if data := tx.text(dataplane.IPv4); !strings.Contains(data, "ip saddr != 10.244.9.0/24 jump mark-for-masquerade") || tx.ops[0].kind != opAddTable {
+	if data := tx.text(dataplane.IPv4); !strings.Contains(data, "ip saddr != 10.244.9.0/24 jump mark-for-masquerade") || tx.op(0).kind != opAddTable {
 		t.Errorf("pod CIDR change did not rewrite everything:\n%s", data)
 	}
 	s.assertKernelLikeFullSync()
@@ -441,4 +442,69 @@ func TestHairpinSharedEndpoint(t *testing.T) {
 		t.Errorf("the shared endpoint left the hairpin set with one Service still using it")
 	}
 	s.assertKernelLikeFullSync()
+}
+
+// TestFullSyncReusesUnchangedFragments checks that a full sync from memory
+// takes the previous sync's fragment of every Service whose entry did not
+// change (the table shares unchanged entries across deltas), builds the
+// changed one's, programs what a full sync from scratch programs, and
+// reuses nothing when the parameters changed (here the service CIDRs).
+func TestFullSyncReusesUnchangedFragments(t *testing.T) {
+	cfg := testConfig(dataplane.IPv4)
+	cfg.EndpointMapMin = 1
+	k := newFakeKernel(cfg.Family)
+	d := newTestDataplane(cfg, k)
+	ctx := context.Background()
+	web, np := dptest.ClusterIPTwoEndpoints(), dptest.NodePortService()
+	t1 := dptest.Table(t, dptest.Node(), web, np)
+	if err := d.Sync(ctx, t1, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	before := d.b.last.services
+	moved := proto.CloneOf(web)
+	moved.ClusterEndpoints = []*pb.PortEndpoints{dptest.Eps(moved.Ports[0].Name, "10.244.2.99:8080")}
+	t2 := dptest.Replace(t, t1, moved)
+	if err := d.Sync(ctx, t2, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	webKey := web.Namespace + "/" + web.Name
+	for key, fr := range d.b.last.services {
+		if reused := fr == before[key]; reused != (key != webKey) {
+			t.Errorf("%s: fragment reused %v, want %v", key, reused, key != webKey)
+		}
+	}
+	ref := newFakeKernel(cfg.Family)
+	if err := newTestDataplane(cfg, ref).Sync(ctx, t2, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := k.dump(), ref.dump(); got != want {
+		t.Fatalf("kernel differs from a full sync of the same table:\n%s", dptest.LineDiff(want, got))
+	}
+	// Nothing changed: the state is the previous one, claims and all.
+	st := d.b.last
+	if err := d.Sync(ctx, t2, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if d.b.last != st {
+		t.Errorf("a full sync of an unchanged table built a new state")
+	}
+	if got, want := k.dump(), ref.dump(); got != want {
+		t.Fatalf("kernel differs from a full sync of the same table:\n%s", dptest.LineDiff(want, got))
+	}
+
+	node := dptest.Node()
+	node.ServiceCidrs = []string{"10.96.0.0/12"}
+	t3, err := proxytable.FromEntries(t2.Version, node, slices.Collect(maps.Values(t2.Entries)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev := d.b.last.services
+	if err := d.Sync(ctx, t3, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	for key, fr := range d.b.last.services {
+		if fr == prev[key] {
+			t.Errorf("%s: fragment reused across a change of the service CIDRs", key)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"iter"
 	"strconv"
 	"strings"
 
@@ -27,7 +28,8 @@ const (
 // op is one operation of a transaction. Which fields are used depends on
 // kind: chain for opAddChain; name (a chain) and rule for opAddRule; name
 // for flushes and deletions (vmap says whether a set is a map, for the
-// text); set and elems for element operations; set for opAddSet.
+// text); set and elems (or elemSeq) for element operations; set for
+// opAddSet.
 type op struct {
 	kind  opKind
 	name  string
@@ -36,6 +38,11 @@ type op struct {
 	rule  *rule
 	set   *set
 	elems []element
+	// elemSeq, when set, yields the elements and their owners instead of
+	// elems and owners: a full sync's shared sets, read from the state
+	// as they are encoded rather than copied into lists (the hairpin
+	// set alone holds one element per endpoint).
+	elemSeq iter.Seq2[element, string]
 	// owner is the Service the object belongs to, "" for shared ones:
 	// what a refused operation is blamed on. Element operations carry
 	// the owner of each element in owners instead.
@@ -43,14 +50,43 @@ type op struct {
 	owners []string
 }
 
+// eachElem calls yield with each element of an element operation, its
+// index in the operation and the Service it is blamed on, until yield
+// returns false.
+func (o *op) eachElem(yield func(j int, e element, owner string) bool) {
+	if o.elemSeq != nil {
+		j := 0
+		for e, owner := range o.elemSeq {
+			if !yield(j, e, owner) {
+				return
+			}
+			j++
+		}
+		return
+	}
+	for j, e := range o.elems {
+		owner := o.owner
+		if j < len(o.owners) {
+			owner = o.owners[j]
+		}
+		if !yield(j, e, owner) {
+			return
+		}
+	}
+}
+
 // element returns the operation narrowed to its i-th element: what a
 // refused element is reported as.
 func (o *op) element(i int) *op {
 	n := *o
-	n.elems, n.owners = o.elems[i:i+1], nil
-	if i < len(o.owners) {
-		n.owner = o.owners[i]
-	}
+	n.elems, n.owners, n.elemSeq = nil, nil, nil
+	o.eachElem(func(j int, e element, owner string) bool {
+		if j == i {
+			n.elems, n.owner = []element{e}, owner
+			return false
+		}
+		return true
+	})
 	return &n
 }
 
@@ -58,22 +94,66 @@ func (o *op) element(i int) *op {
 // order, on the family's table. It is what the kernel seam runs, what the
 // fake kernel of the tests interprets, and what text renders as nft
 // commands: one description for every path.
+//
+// A partial sync's few operations are a list (ops). A full sync's are
+// generated (gen) from the state each time the transaction is read: at
+// 250,000 endpoints the list, with copies of the shared sets' elements,
+// was 31-70 MiB held beside the state and the batch encoded from it.
 type transaction struct {
 	ops []op
+	// gen, when set, calls yield with each operation in order until it
+	// returns false. The op it points to is valid only during the call:
+	// generators reuse it.
+	gen func(yield func(*op) bool)
 }
 
 func (tx *transaction) add(ops ...op) { tx.ops = append(tx.ops, ops...) }
 
+// each calls yield with each operation and its index, in order, until
+// yield returns false. The op is valid only during the call.
+func (tx *transaction) each(yield func(i int, o *op) bool) {
+	if tx.gen == nil {
+		for i := range tx.ops {
+			if !yield(i, &tx.ops[i]) {
+				return
+			}
+		}
+		return
+	}
+	i := 0
+	tx.gen(func(o *op) bool {
+		ok := yield(i, o)
+		i++
+		return ok
+	})
+}
+
+// op returns a copy of the i-th operation, nil if there is none: what a
+// refusal names.
+func (tx *transaction) op(i int) *op {
+	var found *op
+	tx.each(func(j int, o *op) bool {
+		if j == i {
+			c := *o
+			found = &c
+			return false
+		}
+		return true
+	})
+	return found
+}
+
 // empty reports whether tx changes nothing.
-func (tx *transaction) empty() bool { return len(tx.ops) == 0 }
+func (tx *transaction) empty() bool { return tx.gen == nil && len(tx.ops) == 0 }
 
 // text renders tx as an nft script (nft -f) with the same effect.
 func (tx *transaction) text(f dataplane.Family) string {
 	var b strings.Builder
-	for i := range tx.ops {
-		tx.ops[i].writeText(&b, f)
+	tx.each(func(_ int, o *op) bool {
+		o.writeText(&b, f)
 		b.WriteByte('\n')
-	}
+		return true
+	})
 	return b.String()
 }
 
@@ -120,7 +200,7 @@ func (o *op) writeText(b *strings.Builder, f dataplane.Family) {
 		} else {
 			b.WriteString("delete element " + table + " " + o.set.name + " { ")
 		}
-		for i, e := range o.elems {
+		o.eachElem(func(i int, e element, _ string) bool {
 			if i > 0 {
 				b.WriteString(", ")
 			}
@@ -129,7 +209,8 @@ func (o *op) writeText(b *strings.Builder, f dataplane.Family) {
 			} else {
 				b.WriteString(e.key.text(o.set.key))
 			}
-		}
+			return true
+		})
 		b.WriteString(" }")
 	}
 }
@@ -160,8 +241,7 @@ func (s *set) declaration(f dataplane.Family) []string {
 func rulesetText(st *state, f dataplane.Family) string {
 	var b strings.Builder
 	b.WriteString("table " + nftFamily(f) + " " + TableName + " {\n")
-	owned := st.elementsBySet()
-	writeSet := func(s *set, els []element) {
+	writeSet := func(s *set, els iter.Seq2[element, string]) {
 		word := "set"
 		if s.isMap() {
 			word = "map"
@@ -170,11 +250,15 @@ func rulesetText(st *state, f dataplane.Family) string {
 		for _, line := range s.declaration(f) {
 			b.WriteString("\t\t" + line + "\n")
 		}
-		if len(els) > 0 {
-			b.WriteString("\t\telements = {\n")
-			for _, e := range els {
-				b.WriteString("\t\t\t" + s.elemText(e) + ",\n")
+		first := true
+		for e := range els {
+			if first {
+				b.WriteString("\t\telements = {\n")
+				first = false
 			}
+			b.WriteString("\t\t\t" + s.elemText(e) + ",\n")
+		}
+		if !first {
 			b.WriteString("\t\t}\n")
 		}
 		b.WriteString("\t}\n")
@@ -191,16 +275,12 @@ func rulesetText(st *state, f dataplane.Family) string {
 	}
 	keys := sortedKeys(st.services)
 	for _, s := range st.sets {
-		var els []element
-		if oe := owned[s.name]; oe != nil {
-			els = oe.elems
-		}
-		writeSet(s, els)
+		writeSet(s, st.sharedElements(keys, s.name))
 	}
 	for _, k := range keys {
 		fr := st.services[k]
 		for _, s := range fr.sets {
-			writeSet(s, fr.setElems[s.name])
+			writeSet(s, endpointElements(fr.epMaps[s.name], k))
 		}
 	}
 	for _, c := range st.chains {

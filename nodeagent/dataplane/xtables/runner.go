@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -30,6 +32,34 @@ type Runner interface {
 	// EnsureRule inserts rule at the top of chain in table unless an
 	// identical rule is already there somewhere. Idempotent.
 	EnsureRule(ctx context.Context, table, chain string, rule ...string) error
+}
+
+// StreamRunner is a Runner that feeds iptables-restore its input as the
+// input is written, so that the input is never whole in memory: at
+// 250,000 endpoints it is over 70 MB, which the writer renders Service by
+// Service. The real Runner is one; RestoreFrom gives other Runners (test
+// fakes) the input whole.
+type StreamRunner interface {
+	Runner
+	// RestoreFrom is Restore of what src writes; src.WriteTo runs once.
+	// When it fails, the tool is killed before it reads the end of its
+	// input, so nothing of a half-written input commits, and its error
+	// is returned. Its other errors are Restore's.
+	RestoreFrom(ctx context.Context, src io.WriterTo, flags ...string) error
+}
+
+// RestoreFrom feeds what src writes to r's iptables-restore with flags:
+// as src writes it when r is a StreamRunner, else collected first and
+// given to Restore.
+func RestoreFrom(ctx context.Context, r Runner, src io.WriterTo, flags ...string) error {
+	if sr, ok := r.(StreamRunner); ok {
+		return sr.RestoreFrom(ctx, src, flags...)
+	}
+	var b bytes.Buffer
+	if _, err := src.WriteTo(&b); err != nil {
+		return err
+	}
+	return r.Restore(ctx, b.Bytes(), flags...)
 }
 
 // Options say which tools NewRunners runs and how.
@@ -141,18 +171,69 @@ var lineRE = regexp.MustCompile(`line:? (\d+)`)
 // Restore implements Runner. Its stdout is discarded unread: with "-S"
 // in the input it is a listing of the whole table.
 func (r *execRunner) Restore(ctx context.Context, data []byte, flags ...string) error {
+	return r.RestoreFrom(ctx, bytes.NewReader(data), flags...)
+}
+
+// RestoreFrom implements StreamRunner: src writes into the tool's stdin
+// pipe while the tool parses, so rendering overlaps parsing too.
+func (r *execRunner) RestoreFrom(ctx context.Context, src io.WriterTo, flags ...string) error {
 	cmd := r.restore.Command(ctx, append(slices.Clone(flags), r.waitArgs()...)...)
-	cmd.Stdin = bytes.NewReader(data)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return fmt.Errorf("running %s: %w", r.restore.Name(), err)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		err = tool.Failure(cmd, err, stderr.String())
-		if le := lockError(err); le != nil {
-			return le
-		}
-		return tool.RestoreFailure(r.restore.Name(), err, lineRE)
+	if err := cmd.Start(); err != nil {
+		return r.restoreFailure(cmd, err, "")
+	}
+	in := &pipeWriter{w: stdin}
+	_, werr := src.WriteTo(in)
+	if werr != nil && in.err == nil {
+		// src failed, not the pipe: the tool must not see an end of
+		// input and commit what it has. Killed first, then its stdin
+		// closed, so that Wait cannot block on a child of the tool
+		// (a command prefix's) still reading it.
+		_ = cmd.Process.Kill()
+		_ = stdin.Close()
+		_ = cmd.Wait()
+		return fmt.Errorf("writing %s input: %w", r.restore.Name(), werr)
+	}
+	_ = stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		return r.restoreFailure(cmd, err, stderr.String())
+	}
+	if werr != nil {
+		// The tool succeeded without reading everything: it cannot have
+		// applied the whole input.
+		return fmt.Errorf("writing %s input: %w", r.restore.Name(), werr)
 	}
 	return nil
+}
+
+// restoreFailure types err, cmd's failure after printing stderr: a
+// *LockError, a *MissingBinaryError or a *RestoreError.
+func (r *execRunner) restoreFailure(cmd *exec.Cmd, err error, stderr string) error {
+	err = tool.Failure(cmd, err, stderr)
+	if le := lockError(err); le != nil {
+		return le
+	}
+	return tool.RestoreFailure(r.restore.Name(), err, lineRE)
+}
+
+// pipeWriter writes to a tool's stdin and keeps the first failure, which
+// tells the tool's early exit (a broken pipe) from its writer's failures.
+type pipeWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (p *pipeWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if err != nil && p.err == nil {
+		p.err = err
+	}
+	return n, err
 }
 
 // Save implements Saver.
