@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -63,12 +62,7 @@ func (c rawResponses) Unmarshal(data mem.BufferSlice, v any) error {
 // protobuf; deltas stay plain.
 func TestCompressionIsNegotiated(t *testing.T) {
 	store := table.NewStore(100)
-	svcs := map[string]*compute.Service{}
-	for i := range 200 {
-		name := fmt.Sprintf("svc-%03d", i)
-		svcs[name] = service(t, name, 20, i)
-	}
-	publish(t, store, svcs)
+	publish(t, store, manyServices(t, 200, 20, each))
 	_, _, dial := newTestServer(t, store, Options{})
 	pc := encoding.GetCodecV2("proto")
 
@@ -141,12 +135,7 @@ func TestCompressionIsNegotiated(t *testing.T) {
 // them) still gets.
 func TestUnhashedCompressionIsNegotiated(t *testing.T) {
 	store := table.NewStore(100)
-	svcs := map[string]*compute.Service{}
-	for i := range 200 {
-		name := fmt.Sprintf("svc-%03d", i)
-		svcs[name] = service(t, name, 20, i)
-	}
-	publish(t, store, svcs)
+	publish(t, store, manyServices(t, 200, 20, each))
 	_, _, dial := newTestServer(t, store, Options{})
 	pc := encoding.GetCodecV2("proto")
 

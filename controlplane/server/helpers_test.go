@@ -89,6 +89,24 @@ func service(t testing.TB, name string, n, gen int) *compute.Service {
 
 func ptr[T any](v T) *T { return &v }
 
+// manyServices returns n Services, svc-000 on, of endpoints endpoints
+// each, Service i of generation gen(i).
+func manyServices(t testing.TB, n, endpoints int, gen func(i int) int) map[string]*compute.Service {
+	t.Helper()
+	svcs := make(map[string]*compute.Service, n)
+	for i := range n {
+		name := fmt.Sprintf("svc-%03d", i)
+		svcs[name] = service(t, name, endpoints, gen(i))
+	}
+	return svcs
+}
+
+// each is gen for manyServices: Service i of generation i.
+func each(i int) int { return i }
+
+// first is gen for manyServices: every Service of generation 1.
+func first(int) int { return 1 }
+
 // publish publishes services (by name; nil removes) and fails the test if
 // nothing changed.
 func publish(t testing.TB, store *table.Store, services map[string]*compute.Service) {

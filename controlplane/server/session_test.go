@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"runtime"
@@ -204,12 +203,7 @@ func waitParked(t *testing.T, id int64) {
 // on, however long the write timeout.
 func TestListNodesWhileKeepaliveWaits(t *testing.T) {
 	store := table.NewStore(100)
-	big := map[string]*compute.Service{}
-	for i := range 400 {
-		name := fmt.Sprintf("svc-%03d", i)
-		big[name] = service(t, name, 20, 1)
-	}
-	publish(t, store, big)
+	publish(t, store, manyServices(t, 400, 20, first))
 	client, _, dial := newTestServer(t, store, Options{WriteTimeout: time.Hour, KeepaliveInterval: 20 * time.Millisecond})
 
 	// As in TestStalledAgentDoesNotDelayOthers: a fixed window keeps most
@@ -291,12 +285,7 @@ func TestKeepalivesAligned(t *testing.T) {
 // would wait on it for as long as the agent likes.
 func TestAgentAckingUnreadTableHoldsBackNoOne(t *testing.T) {
 	store := table.NewStore(100)
-	big := map[string]*compute.Service{}
-	for i := range 400 {
-		name := fmt.Sprintf("svc-%03d", i)
-		big[name] = service(t, name, 20, 1)
-	}
-	publish(t, store, big)
+	publish(t, store, manyServices(t, 400, 20, first))
 	client, _, dial := newTestServer(t, store, Options{WriteTimeout: time.Hour, KeepaliveInterval: time.Hour})
 
 	stalledClient := dial(grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))

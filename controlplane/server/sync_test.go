@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -171,12 +170,7 @@ func TestNackedVersionIsNotResent(t *testing.T) {
 
 func TestStalledAgentDoesNotDelayOthers(t *testing.T) {
 	store := table.NewStore(100)
-	big := map[string]*compute.Service{}
-	for i := range 400 {
-		name := fmt.Sprintf("svc-%03d", i)
-		big[name] = service(t, name, 20, 1)
-	}
-	publish(t, store, big)
+	publish(t, store, manyServices(t, 400, 20, first))
 	client, _, dial := newTestServer(t, store, Options{
 		WriteTimeout: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond,
 	})

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/proxyplane/proxyplane/controlplane/compute"
 	"github.com/proxyplane/proxyplane/controlplane/table"
 	pb "github.com/proxyplane/proxyplane/gen/proxyplane/v1"
 )
@@ -26,12 +24,7 @@ import (
 // a fifth of a cold start's CPU.
 func TestSnapshotWrites(t *testing.T) {
 	store := table.NewStore(100)
-	svcs := map[string]*compute.Service{}
-	for i := range 200 {
-		name := fmt.Sprintf("s%03d", i)
-		svcs[name] = service(t, name, 100, i)
-	}
-	publish(t, store, svcs)
+	publish(t, store, manyServices(t, 200, 100, each))
 
 	lis := &countingListener{Listener: bufconn.Listen(1 << 20)}
 	gs := grpc.NewServer(GRPCOptions()...)
